@@ -1,0 +1,97 @@
+"""`toolserve`: the one command-line entry point."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from cluster.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
+
+
+def _log(message: str) -> None:
+    print(f"[toolserve] {message}", flush=True)
+
+
+def _up(args: argparse.Namespace) -> int:
+    from cluster.launcher import ClusterStartError, LocalCluster
+
+    config = load_config(args.config)
+    if args.port is not None:
+        config = config.model_copy(
+            update={"server": config.server.model_copy(update={"port": args.port})}
+        )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        with LocalCluster(config, _log) as endpoints:
+            _log(f"OpenAI API:  {endpoints.api_base}  (model {config.main.engine.served_model_name})")
+            _log(f"health:      {endpoints.health_url}")
+            _log(f"metrics:     {endpoints.metrics_url}")
+            _log(f"redis:       {endpoints.redis_url}")
+            if args.demo:
+                from cluster.demo import run_demo
+
+                run_demo(endpoints.api_base, config.main.engine.served_model_name, _log)
+            if args.exit:
+                return 0
+            _log("serving; press Ctrl-C to stop")
+            stop.wait()
+    except KeyboardInterrupt:
+        _log("interrupted")
+    except ClusterStartError as error:
+        _log(f"error: {error}")
+        return 1
+    return 0
+
+
+def _prepare_models(args: argparse.Namespace) -> int:
+    from cluster.models import EMBEDDED_SCHEME, SMOLLM2, TINY_RANDOM_LLAMA, resolve_model
+
+    config = load_config(args.config)
+    for name in (SMOLLM2, TINY_RANDOM_LLAMA):
+        _log(f"{EMBEDDED_SCHEME}{name}: {resolve_model(EMBEDDED_SCHEME + name, config.cache_dir)}")
+    return 0
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    for path in args.paths:
+        config = load_config(path)
+        _log(f"{path}: valid ({config.main.engine.model})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="toolserve", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    up = commands.add_parser("up", help="start the cluster and serve the OpenAI API")
+    up.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH, help="deployment profile")
+    up.add_argument("--port", type=int, help="HTTP port (overrides the profile)")
+    up.add_argument("--demo", action="store_true", help="run a 5-turn tool-calling agent")
+    up.add_argument("--exit", action="store_true", help="stop once started (and the demo ran)")
+    up.set_defaults(run=_up)
+
+    models = commands.add_parser("prepare-models", help="convert the embedded models once")
+    models.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH)
+    models.set_defaults(run=_prepare_models)
+
+    check = commands.add_parser("check-config", help="validate deployment profiles")
+    check.add_argument("paths", nargs="+", type=Path)
+    check.set_defaults(run=_check_config)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except ConfigError as error:
+        _log(f"error: {error}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""The one configuration model of a toolserve deployment.
+
+`configs/embedded-cpu.yaml` is the embedded default; GPU profiles are further
+YAML files of the same model. Field descriptions double as documentation.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIGS_DIR = REPO_ROOT / "configs"
+DEFAULT_CONFIG_PATH = CONFIGS_DIR / "embedded-cpu.yaml"
+
+# Engine arguments owned by typed fields; passing them through `extra_engine_args`
+# as well would let two places disagree.
+_TYPED_ENGINE_ARGS = {
+    "model",
+    "served_model_name",
+    "dtype",
+    "max_model_len",
+    "block_size",
+    "enable_prefix_caching",
+    "enforce_eager",
+    "kv_cache_memory_bytes",
+    "gpu_memory_utilization",
+    "tensor_parallel_size",
+    "max_num_seqs",
+    "seed",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineConfig(_Strict):
+    """Arguments of one vLLM engine (a subset of vLLM's AsyncEngineArgs, plus pass-through)."""
+
+    model: str = Field(
+        description="Model to load: a Hugging Face id, a local directory, or "
+        "`embedded:<name>` for a model toolserve prepares itself "
+        "(`embedded:smollm2-135m-instruct`, `embedded:tiny-random-llama`)."
+    )
+    served_model_name: str = Field(
+        description="Name clients pass as `model` in API requests and see in `GET /v1/models`."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto",
+        description="Weight and activation dtype. On CPUs without AVX-512 bf16, "
+        "float32 is about 3x faster than bfloat16.",
+    )
+    max_model_len: int = Field(
+        default=8192, gt=0, description="Longest prompt plus completion, in tokens."
+    )
+    block_size: int = Field(
+        default=64,
+        description="Tokens per KV block. Prefix-cache hits are whole blocks, so "
+        "agent turns want 32 or 64 (the CPU backend's default of 128 wastes reuse).",
+    )
+    enable_prefix_caching: bool = Field(
+        default=True, description="Reuse KV blocks of identical prompt prefixes."
+    )
+    enforce_eager: bool = Field(
+        default=False,
+        description="Skip torch.compile and graph capture. On CPU this cuts start-up "
+        "from minutes to seconds for ~20% slower prefill.",
+    )
+    kv_cache_memory_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="Exact KV cache size in bytes. Required on CPU (otherwise vLLM "
+        "sizes the cache from the whole NUMA node's memory).",
+    )
+    gpu_memory_utilization: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Fraction of GPU memory vLLM may use (weights, activations, KV). "
+        "GPU only; ignored when `kv_cache_memory_bytes` is set.",
+    )
+    tensor_parallel_size: int = Field(
+        default=1, ge=1, description="GPUs per replica the model is sharded over."
+    )
+    max_num_seqs: int = Field(
+        default=64, ge=1, description="Most sequences the engine decodes at once."
+    )
+    seed: int = Field(default=0, description="Engine random seed.")
+    extra_engine_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Further vLLM AsyncEngineArgs passed through unchanged "
+        "(for example `scheduler_cls`, `scheduling_policy`, `additional_config`, "
+        "`speculative_config`).",
+    )
+
+    @model_validator(mode="after")
+    def _no_shadowed_engine_args(self) -> EngineConfig:
+        shadowed = sorted(_TYPED_ENGINE_ARGS & self.extra_engine_args.keys())
+        if shadowed:
+            raise ValueError(
+                f"extra_engine_args repeats typed fields {shadowed}; set them directly"
+            )
+        if self.block_size % 16:
+            raise ValueError("block_size must be a multiple of 16")
+        return self
+
+    def engine_kwargs(self, resolved_model: str) -> dict[str, Any]:
+        """Keyword arguments for vLLM's AsyncEngineArgs."""
+        kwargs: dict[str, Any] = {
+            "model": resolved_model,
+            "served_model_name": [self.served_model_name],
+            "dtype": self.dtype,
+            "max_model_len": self.max_model_len,
+            "block_size": self.block_size,
+            "enable_prefix_caching": self.enable_prefix_caching,
+            "enforce_eager": self.enforce_eager,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "max_num_seqs": self.max_num_seqs,
+            "seed": self.seed,
+        }
+        if self.kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
+        if self.gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
+        return kwargs | self.extra_engine_args
+
+
+class ChatConfig(_Strict):
+    """How the OpenAI chat front end of a model replica renders and parses."""
+
+    chat_template: str | None = Field(
+        default=None,
+        description="Jinja chat template: a path (relative paths are resolved against "
+        "`configs/`) or None for the tokenizer's own template. It must render "
+        "`tools`, assistant `tool_calls` and `tool` messages.",
+    )
+    tool_call_parser: str = Field(
+        default="hermes",
+        description="vLLM tool-call parser matching the chat template's call format "
+        "(`hermes`, `llama3_json`, `mistral`, ...).",
+    )
+    tool_strict_level: Literal["auto", "function", "parameter"] = Field(
+        default="parameter",
+        description="vLLM's floor for constrained tool calls. `parameter` makes "
+        "`tool_choice` required/named produce schema-valid arguments even from "
+        "small models.",
+    )
+
+    def resolved_chat_template(self) -> str | None:
+        if self.chat_template is None:
+            return None
+        path = Path(self.chat_template)
+        return str(path if path.is_absolute() else CONFIGS_DIR / path)
+
+
+class ModelDeploymentConfig(_Strict):
+    """A Ray Serve deployment of model replicas, each running one vLLM engine."""
+
+    engine: EngineConfig = Field(description="The vLLM engine every replica runs.")
+    chat: ChatConfig = Field(
+        default_factory=ChatConfig, description="OpenAI chat rendering and tool parsing."
+    )
+    num_replicas: int = Field(default=1, ge=1, description="Number of replicas.")
+    num_cpus: float = Field(
+        default=0,
+        ge=0,
+        description="CPUs Ray reserves per replica. 0 lets replicas share a small "
+        "machine; threads are set by `cpu_threads` regardless.",
+    )
+    num_gpus: float = Field(default=0, ge=0, description="GPUs Ray reserves per replica.")
+    cpu_threads_bind: str = Field(
+        default="auto",
+        description="CPU backend only: cores the engine's OpenMP threads bind to "
+        "(vLLM's VLLM_CPU_OMP_THREADS_BIND, e.g. `0-1`; `auto` lets vLLM choose "
+        "per NUMA node, `nobind` leaves threads unbound). Set it per replica: the "
+        "default binds to the whole node and ignores Ray's num_cpus.",
+    )
+    max_ongoing_requests: int = Field(
+        default=256, ge=1, description="Requests Ray Serve lets one replica hold at once."
+    )
+    startup_timeout_s: float = Field(
+        default=900,
+        gt=0,
+        description="How long `toolserve up` waits for the engine to load.",
+    )
+
+
+class RedisConfig(_Strict):
+    """Where cluster-wide state lives."""
+
+    url: str | None = Field(
+        default="redis://127.0.0.1:6379/0",
+        description="Redis to use when reachable. If it is not (or None), "
+        "`toolserve up` starts its own `redis-server` on a free local port.",
+    )
+
+
+class RayConfig(_Strict):
+    """The Ray cluster the Serve application runs on."""
+
+    address: str | None = Field(
+        default=None,
+        description="Address of an existing Ray cluster (`auto`, `ray://...`); "
+        "None starts a local Ray instance.",
+    )
+    num_cpus: int | None = Field(
+        default=None, ge=1, description="CPUs of a local Ray instance; None: all."
+    )
+    metrics_export_port: int = Field(
+        default=8080,
+        ge=1,
+        le=65535,
+        description="Port of Ray's metrics agent, which serves Prometheus text "
+        "at `/metrics` (toolserve's and vLLM's metrics).",
+    )
+    include_dashboard: bool = Field(
+        default=False, description="Start Ray's dashboard with a local instance."
+    )
+
+
+class ServerConfig(_Strict):
+    """The OpenAI-compatible HTTP endpoint."""
+
+    host: str = Field(default="127.0.0.1", description="Address the HTTP proxy binds.")
+    port: int = Field(default=8000, ge=1, le=65535, description="HTTP port.")
+    request_timeout_s: float = Field(
+        default=600, gt=0, description="Longest a single API request may take."
+    )
+
+
+class ToolserveConfig(_Strict):
+    """A whole toolserve deployment."""
+
+    name: str = Field(description="Name of the Serve application and of this profile.")
+    main: ModelDeploymentConfig = Field(description="Main-model replicas agents talk to.")
+    draft: ModelDeploymentConfig | None = Field(
+        default=None,
+        description="Draft-model replicas used to predict tool calls; None: no draft.",
+    )
+    redis: RedisConfig = Field(default_factory=RedisConfig, description="Cluster state store.")
+    ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster.")
+    server: ServerConfig = Field(default_factory=ServerConfig, description="HTTP endpoint.")
+    cache_dir: Path = Field(
+        default_factory=lambda: Path(
+            os.environ.get("TOOLSERVE_CACHE_DIR", Path.home() / ".cache" / "toolserve")
+        ),
+        description="Where embedded models and profiles are prepared. "
+        "Defaults to $TOOLSERVE_CACHE_DIR or ~/.cache/toolserve.",
+    )
+
+    @model_validator(mode="after")
+    def _distinct_model_names(self) -> ToolserveConfig:
+        if self.draft and (
+            self.draft.engine.served_model_name == self.main.engine.served_model_name
+        ):
+            raise ValueError("main and draft need different served_model_name values")
+        return self
+
+
+class ConfigError(ValueError):
+    """A configuration file is missing or invalid."""
+
+
+def load_config(path: Path | str | None = None) -> ToolserveConfig:
+    """Load and validate a deployment profile (the embedded default when no path)."""
+    config_path = Path(path) if path is not None else DEFAULT_CONFIG_PATH
+    if not config_path.exists() and not config_path.is_absolute():
+        config_path = CONFIGS_DIR / config_path
+    try:
+        raw = yaml.safe_load(config_path.read_text())
+    except FileNotFoundError as error:
+        raise ConfigError(f"no configuration file at {config_path}") from error
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{config_path} is not valid YAML: {error}") from error
+    try:
+        return ToolserveConfig.model_validate(raw)
+    except ValidationError as error:
+        raise ConfigError(f"{config_path} is not a valid toolserve config:\n{error}") from error

@@ -1,0 +1,157 @@
+"""Starts and stops a whole toolserve cluster: Ray, Redis, the Serve application."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+
+import httpx
+
+from cluster.config import ToolserveConfig
+from cluster.models import resolve_model
+from cluster.redis_server import RedisServer, ensure_redis
+
+Log = Callable[[str], None]
+
+
+class ClusterStartError(RuntimeError):
+    """The cluster did not come up."""
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    api_base: str
+    health_url: str
+    metrics_url: str
+    redis_url: str
+
+
+class LocalCluster:
+    """Context manager owning every process a `toolserve up` starts."""
+
+    def __init__(self, config: ToolserveConfig, log: Log = print):
+        self._config = config
+        self._log = log
+        self._redis: RedisServer | None = None
+        self._ray_started = False
+
+    def __enter__(self) -> Endpoints:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> Endpoints:
+        config = self._config
+        started = time.monotonic()
+        self._log("models: preparing")
+        main_model = resolve_model(config.main.engine.model, config.cache_dir)
+        draft_model = (
+            resolve_model(config.draft.engine.model, config.cache_dir) if config.draft else None
+        )
+        self._log(f"models: main={main_model}" + (f" draft={draft_model}" if draft_model else ""))
+
+        self._redis = ensure_redis(config.redis.url, config.cache_dir / "redis", self._log)
+
+        import ray
+        from ray import serve
+
+        from deployments.app import build_application
+
+        self._log("ray: starting" if config.ray.address is None else f"ray: joining {config.ray.address}")
+        ray.init(
+            address=config.ray.address,
+            num_cpus=config.ray.num_cpus if config.ray.address is None else None,
+            include_dashboard=config.ray.include_dashboard,
+            namespace="toolserve",
+            log_to_driver=False,
+            _metrics_export_port=config.ray.metrics_export_port,
+        )
+        self._ray_started = True
+        serve.start(
+            http_options={
+                "host": config.server.host,
+                "port": config.server.port,
+                "request_timeout_s": config.server.request_timeout_s,
+            }
+        )
+        self._log("serve: deploying ingress, main-model" + (", draft-model" if config.draft else ""))
+        app = build_application(config, main_model, draft_model, self._redis.url)
+        serve.run(app, name=config.name, route_prefix="/", blocking=False)
+
+        host = "127.0.0.1" if config.server.host in ("0.0.0.0", "::") else config.server.host
+        api_root = f"http://{host}:{config.server.port}"
+        endpoints = Endpoints(
+            api_base=f"{api_root}/v1",
+            health_url=f"{api_root}/health",
+            metrics_url=f"http://127.0.0.1:{config.ray.metrics_export_port}/metrics",
+            redis_url=self._redis.url,
+        )
+        timeout = max(
+            config.main.startup_timeout_s,
+            config.draft.startup_timeout_s if config.draft else 0,
+        )
+        self._wait_until_healthy(endpoints.health_url, timeout)
+        self._log(f"ready in {time.monotonic() - started:.0f}s")
+        return endpoints
+
+    def _wait_until_healthy(self, health_url: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        last_report = ""
+        while time.monotonic() < deadline:
+            report = _health_summary(health_url)
+            if report != last_report:
+                self._log(f"health: {report}")
+                last_report = report
+            if report.startswith("ok"):
+                return
+            if "=failed" in report:
+                raise ClusterStartError(f"an engine failed to start: {report}")
+            time.sleep(1.0)
+        raise ClusterStartError(f"cluster not healthy after {timeout_s:.0f}s: {last_report}")
+
+    def stop(self) -> None:
+        if self._ray_started:
+            import ray
+            from ray import serve
+
+            self._log("shutting down: serve")
+            try:
+                serve.shutdown()
+            finally:
+                self._log("shutting down: ray")
+                ray.shutdown()
+                self._ray_started = False
+        if self._redis is not None and self._redis.owned:
+            self._log("shutting down: redis-server")
+            self._redis.stop()
+        self._redis = None
+
+
+def _health_summary(health_url: str) -> str:
+    try:
+        response = httpx.get(health_url, timeout=15)
+    except httpx.HTTPError as error:
+        return f"waiting for HTTP proxy ({type(error).__name__})"
+    if response.status_code == 404:
+        return "waiting for the application"
+    try:
+        report = response.json()
+    except ValueError:
+        return f"waiting (HTTP {response.status_code})"
+    engines = ", ".join(
+        f"{engine.get('role')}={engine.get('state')}" for engine in report.get("engines", [])
+    )
+    status = "ok" if response.status_code == 200 else "starting"
+    return f"{status} ({engines}; redis={'up' if report.get('redis') else 'down'})"

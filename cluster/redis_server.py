@@ -1,0 +1,123 @@
+"""A reachable Redis for the local cluster: the configured one, else our own
+`redis-server` on a free port (installing Debian's package when missing)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+from redis.exceptions import RedisError
+
+_START_TIMEOUT_S = 15.0
+
+
+class RedisUnavailableError(RuntimeError):
+    """No Redis could be reached or started."""
+
+
+@dataclass
+class RedisServer:
+    url: str
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def owned(self) -> bool:
+        return self.process is not None
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def is_reachable(url: str) -> bool:
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except (RedisError, OSError, ValueError):
+        return False
+
+
+def ensure_redis(url: str | None, work_dir: Path, log: Callable[[str], None]) -> RedisServer:
+    if url and is_reachable(url):
+        log(f"redis: using {url}")
+        return RedisServer(url)
+    if url:
+        log(f"redis: {url} is not reachable; starting a local redis-server")
+    binary = shutil.which("redis-server") or _install_redis(log)
+    port = _free_port()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen(
+        [
+            binary,
+            "--port", str(port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(work_dir),
+            "--logfile", str(work_dir / "redis.log"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    own_url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RedisUnavailableError(
+                f"redis-server exited with {process.returncode}; see {work_dir / 'redis.log'}"
+            )
+        if is_reachable(own_url):
+            log(f"redis: started redis-server on port {port}")
+            return RedisServer(own_url, process)
+        time.sleep(0.1)
+    process.kill()
+    raise RedisUnavailableError(f"redis-server did not answer within {_START_TIMEOUT_S:.0f}s")
+
+
+def _install_redis(log: Callable[[str], None]) -> str:
+    apt = shutil.which("apt-get")
+    if apt is None:
+        raise RedisUnavailableError(
+            "redis-server is not installed and apt-get is not available; "
+            "install Redis or set redis.url to a reachable server"
+        )
+    log("redis: installing Debian package redis-server")
+    prefix = [] if _is_root() else ["sudo", "-n"]
+    env_prefix = ["env", "DEBIAN_FRONTEND=noninteractive"]
+    for command in ([apt, "update", "-q"], [apt, "install", "-y", "-q", "redis-server"]):
+        result = subprocess.run(prefix + env_prefix + command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RedisUnavailableError(
+                f"installing redis-server failed ({' '.join(command)}): {result.stderr[-500:]}"
+            )
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RedisUnavailableError("redis-server still missing after installing the package")
+    return binary
+
+
+def _is_root() -> bool:
+    import os
+
+    return os.geteuid() == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

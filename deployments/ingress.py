@@ -1,0 +1,223 @@
+"""OpenAI-compatible HTTP ingress: validates requests, attaches the program id,
+forwards to main-model replicas and relays their replies (JSON or SSE)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from cluster.store import ClusterStore
+from deployments.errors import ApiError, engine_not_ready, invalid_request, model_not_found
+from deployments.model_server import EngineState, EngineStatus, ReplyHead
+
+SESSION_HEADER = "X-Session-ID"
+REPLICA_HEADER = "X-Toolserve-Replica"
+_STATUS_TIMEOUT_S = 10.0
+
+app = FastAPI(title="toolserve", docs_url=None, redoc_url=None)
+
+
+def error_response(error: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    return error_response(ApiError.from_status(exc.status_code, str(exc.detail)))
+
+
+@app.exception_handler(Exception)
+async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:
+    return error_response(
+        ApiError(500, f"internal error: {type(exc).__name__}", "internal_error")
+    )
+
+
+class _Rejected(Exception):
+    def __init__(self, error: ApiError):
+        super().__init__(error.message)
+        self.error = error
+
+
+def program_id_for(header_value: str | None, body: dict[str, Any]) -> str:
+    """The program id of a request: header, else body field, else a fresh one-turn id."""
+    body_value = body.get("session_id")
+    if body_value is not None and not (isinstance(body_value, str) and body_value):
+        raise _Rejected(invalid_request("session_id must be a non-empty string", "session_id"))
+    if header_value and body_value and header_value != body_value:
+        raise _Rejected(
+            invalid_request(
+                f"{SESSION_HEADER} header ({header_value!r}) and body session_id "
+                f"({body_value!r}) disagree",
+                "session_id",
+            )
+        )
+    return header_value or body_value or f"oneshot-{uuid.uuid4().hex}"
+
+
+def _validation_message(error: ValidationError) -> str:
+    problems = []
+    for item in error.errors()[:5]:
+        location = ".".join(str(part) for part in item["loc"] if part != "body")
+        problems.append(f"{location}: {item['msg']}" if location else item["msg"])
+    return "Invalid request: " + "; ".join(problems)
+
+
+def parse_chat_body(raw: bytes, served_models: list[str]) -> dict[str, Any]:
+    """Decode and validate a chat completion body; raises _Rejected with a 4xx."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise _Rejected(invalid_request(f"Request body is not valid JSON: {error}")) from error
+    if not isinstance(body, dict):
+        raise _Rejected(invalid_request("Request body must be a JSON object"))
+    model = body.get("model")
+    if model is not None and model not in served_models:
+        raise _Rejected(model_not_found(str(model), served_models))
+    try:
+        ChatCompletionRequest.model_validate(body)
+    except ValidationError as error:
+        raise _Rejected(invalid_request(_validation_message(error))) from error
+    except ValueError as error:
+        raise _Rejected(invalid_request(f"Invalid request: {error}")) from error
+    return body
+
+
+@serve.ingress(app)
+class OpenAIIngress:
+    """`/v1/chat/completions`, `/v1/models`, `/health`."""
+
+    def __init__(
+        self,
+        main: DeploymentHandle,
+        draft: DeploymentHandle | None,
+        served_model: str,
+        max_model_len: int,
+        redis_url: str,
+    ):
+        self._main = main
+        self._draft = draft
+        self._served_model = served_model
+        self._max_model_len = max_model_len
+        self._created = int(time.time())
+        self._store = ClusterStore(redis_url)
+        from ray.serve.metrics import Counter, Histogram
+
+        self._requests = Counter(
+            "toolserve_api_requests",
+            description="API requests by route and HTTP status.",
+            tag_keys=("route", "status"),
+        )
+        self._latency = Histogram(
+            "toolserve_api_request_latency_s",
+            description="Time to the full reply (non-streaming) or the first byte (streaming).",
+            boundaries=[0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120],
+            tag_keys=("route",),
+        )
+
+    def _count(self, route: str, status: int) -> None:
+        self._requests.inc(tags={"route": route, "status": str(status)})
+
+    @app.get("/v1/models")
+    async def models(self) -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": self._served_model,
+                    "object": "model",
+                    "created": self._created,
+                    "owned_by": "toolserve",
+                    "max_model_len": self._max_model_len,
+                }
+            ],
+        }
+
+    @app.get("/health")
+    async def health(self) -> JSONResponse:
+        engines = [await self._status_of("main", self._main)]
+        if self._draft is not None:
+            engines.append(await self._status_of("draft", self._draft))
+        redis_ok = await self._store.ping()
+        ready = all(engine["state"] == EngineState.READY.value for engine in engines)
+        report = {"status": "ok" if ready else "unavailable", "engines": engines, "redis": redis_ok}
+        if not ready:
+            not_ready = "; ".join(f"{e['role']}: {e['detail']}" for e in engines)
+            body = engine_not_ready(not_ready).body() | report
+            return JSONResponse(body, status_code=503)
+        return JSONResponse(report)
+
+    async def _status_of(self, role: str, handle: DeploymentHandle) -> dict[str, Any]:
+        try:
+            status: EngineStatus = await asyncio.wait_for(
+                handle.status.remote(), _STATUS_TIMEOUT_S
+            )
+        except Exception as error:  # noqa: BLE001 - any failure means "not ready"
+            return {
+                "role": role,
+                "state": "unreachable",
+                "detail": f"replica unreachable: {type(error).__name__}",
+            }
+        return {
+            "role": status.role,
+            "model": status.model,
+            "replica": status.replica_id,
+            "state": status.state.value,
+            "detail": status.detail,
+        }
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request) -> Response:
+        started = time.monotonic()
+        route = "chat_completions"
+        try:
+            body = parse_chat_body(await request.body(), [self._served_model])
+            program_id = program_id_for(request.headers.get(SESSION_HEADER), body)
+        except _Rejected as rejected:
+            self._count(route, rejected.error.status)
+            return error_response(rejected.error)
+        body["session_id"] = program_id
+        headers = {SESSION_HEADER: program_id}
+
+        stream = self._main.options(stream=True).chat.remote(body)
+        try:
+            head: ReplyHead = await stream.__anext__()
+        except Exception as error:  # noqa: BLE001 - a lost replica is a 503, not a 500
+            stream.cancel()
+            unavailable = engine_not_ready(f"model replica unavailable: {type(error).__name__}")
+            self._count(route, unavailable.status)
+            return error_response(unavailable, headers)
+        headers[REPLICA_HEADER] = head.replica_id
+        self._latency.observe(time.monotonic() - started, tags={"route": route})
+        if head.error is not None:
+            self._count(route, head.error.status)
+            return error_response(head.error, headers)
+        self._count(route, 200)
+        if not head.streaming:
+            return JSONResponse(head.body, headers=headers)
+        return StreamingResponse(
+            _relay(stream), media_type="text/event-stream", headers=headers
+        )
+
+
+async def _relay(stream: AsyncIterator[ReplyHead | str]) -> AsyncIterator[str]:
+    try:
+        async for chunk in stream:
+            yield str(chunk)
+    except Exception as error:  # noqa: BLE001 - the client gets an SSE error event
+        lost = engine_not_ready(f"model replica lost mid-stream: {type(error).__name__}")
+        yield f"data: {json.dumps(lost.body())}\n\n"
+        yield "data: [DONE]\n\n"

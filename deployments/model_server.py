@@ -1,0 +1,182 @@
+"""Model replica: one vLLM AsyncLLM engine behind vLLM's own OpenAI chat front end.
+
+The engine loads in the background so the replica answers at once: until the
+engine is ready every call gets a 503 `engine_not_ready` reply instead of
+waiting in a queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import os
+from argparse import Namespace
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cluster.config import ModelDeploymentConfig
+from deployments.errors import ApiError, engine_not_ready
+
+if TYPE_CHECKING:
+    from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+logger = logging.getLogger("toolserve.model_server")
+
+
+class EngineState(enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class ReplyHead:
+    """First item of every chat reply: how the ingress should answer."""
+
+    replica_id: str
+    streaming: bool
+    body: dict[str, Any] | None = None
+    error: ApiError | None = None
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    replica_id: str
+    role: str
+    model: str
+    state: EngineState
+    detail: str
+
+
+class ModelServer:
+    """Ray Serve replica hosting one engine. `role` is `main` or `draft`."""
+
+    def __init__(self, deployment: ModelDeploymentConfig, resolved_model: str, role: str):
+        self._deployment = deployment
+        self._resolved_model = resolved_model
+        self._role = role
+        self._replica_id = _current_replica_id()
+        self._state = EngineState.STARTING
+        self._detail = "engine is loading"
+        self._engine: AsyncLLM | None = None
+        self._serving_chat: OpenAIServingChat | None = None
+        self._start_task = asyncio.get_running_loop().create_task(self._start_engine())
+
+    async def _start_engine(self) -> None:
+        try:
+            await self._load()
+        except Exception as error:  # noqa: BLE001 - any load failure is reported, not raised
+            logger.exception("engine failed to start")
+            self._state = EngineState.FAILED
+            self._detail = f"engine failed to start: {type(error).__name__}: {error}"
+        else:
+            self._state = EngineState.READY
+            self._detail = "engine is ready"
+
+    async def _load(self) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+        from vllm.entrypoints.launchers.cli_args import FrontendArgs
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
+        from starlette.datastructures import State
+
+        if self._deployment.num_gpus == 0:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self._deployment.cpu_threads_bind
+        engine_args = AsyncEngineArgs(
+            **self._deployment.engine.engine_kwargs(self._resolved_model),
+            disable_log_stats=False,
+        )
+        vllm_config = engine_args.create_engine_config(
+            usage_context=UsageContext.OPENAI_API_SERVER
+        )
+        # NOTE: AsyncLLM's constructor blocks until the engine process is up;
+        # run it off the event loop so the replica keeps answering meanwhile.
+        engine = await asyncio.to_thread(
+            AsyncLLM.from_vllm_config,
+            vllm_config,
+            usage_context=UsageContext.OPENAI_API_SERVER,
+            stat_loggers=[RayPrometheusStatLogger],
+        )
+        self._engine = engine
+        chat = self._deployment.chat
+        frontend = FrontendArgs(
+            chat_template=chat.resolved_chat_template(),
+            enable_auto_tool_choice=True,
+            tool_call_parser=chat.tool_call_parser,
+            tool_strict_level=chat.tool_strict_level,
+        )
+        app_state = State()
+        await init_app_state(
+            engine,
+            app_state,
+            Namespace(**(vars(frontend) | vars(engine_args))),
+            supported_tasks=await engine.get_supported_tasks(),
+        )
+        self._serving_chat = app_state.openai_serving_chat
+
+    def status(self) -> EngineStatus:
+        return EngineStatus(
+            replica_id=self._replica_id,
+            role=self._role,
+            model=self._deployment.engine.served_model_name,
+            state=self._state,
+            detail=self._detail,
+        )
+
+    async def check_health(self) -> None:
+        """Ray Serve's health probe: a dead engine makes Serve replace the replica."""
+        if self._engine is not None and self._state is EngineState.READY:
+            await self._engine.check_health()
+
+    async def chat(self, body: dict[str, Any]) -> AsyncIterator[ReplyHead | str]:
+        """Serve one chat completion; yields a ReplyHead, then SSE chunks if streaming."""
+        serving_chat = self._serving_chat
+        if self._state is not EngineState.READY or serving_chat is None:
+            yield ReplyHead(self._replica_id, streaming=False, error=engine_not_ready(self._detail))
+            return
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+        from vllm.entrypoints.serve.exception_handling.error_response import (
+            create_error_response,
+        )
+
+        request = ChatCompletionRequest.model_validate(body)
+        try:
+            result = await serving_chat.create_chat_completion(request, None)
+        except Exception as error:  # noqa: BLE001 - vLLM maps its own exceptions
+            result = create_error_response(error)
+        if isinstance(result, ErrorResponse):
+            yield ReplyHead(
+                self._replica_id,
+                streaming=False,
+                error=ApiError.from_status(
+                    result.error.code, result.error.message, result.error.param
+                ),
+            )
+            return
+        if not isinstance(result, AsyncIterator):
+            yield ReplyHead(
+                self._replica_id, streaming=False, body=result.model_dump(mode="json")
+            )
+            return
+        yield ReplyHead(self._replica_id, streaming=True)
+        async for chunk in result:
+            yield chunk
+
+    def __del__(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+
+
+def _current_replica_id() -> str:
+    from ray import serve
+
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except RuntimeError:
+        return f"pid-{os.getpid()}"

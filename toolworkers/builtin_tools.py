@@ -1,0 +1,172 @@
+"""Real tool functions with OpenAI tool schemas: a calculator and file tools
+confined to one workspace directory."""
+
+from __future__ import annotations
+
+import ast
+import json
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_MAX_OUTPUT_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    function: Callable[..., str]
+
+    def schema(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+
+class ToolError(Exception):
+    """The tool ran but could not do what was asked; its message goes to the model."""
+
+
+_BINARY_OPERATORS: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_UNARY_OPERATORS: dict[type[ast.unaryop], Callable[[Any], Any]] = {
+    ast.UAdd: operator.pos,
+    ast.USub: operator.neg,
+}
+_MAX_EXPONENT = 1000
+
+
+def calculate(expression: str) -> str:
+    """Evaluate an arithmetic expression (numbers, + - * / // % ** and parentheses)."""
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError as error:
+        raise ToolError(f"not an arithmetic expression: {expression!r}") from error
+
+    def evaluate(node: ast.AST) -> float | int:
+        if isinstance(node, ast.Expression):
+            return evaluate(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY_OPERATORS:
+            left, right = evaluate(node.left), evaluate(node.right)
+            if isinstance(node.op, ast.Pow) and abs(right) > _MAX_EXPONENT:
+                raise ToolError("exponent too large")
+            return _BINARY_OPERATORS[type(node.op)](left, right)  # type: ignore[no-any-return]
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY_OPERATORS:
+            return _UNARY_OPERATORS[type(node.op)](evaluate(node.operand))  # type: ignore[no-any-return]
+        raise ToolError(f"unsupported element in expression: {ast.dump(node)[:60]}")
+
+    try:
+        return str(evaluate(tree))
+    except ZeroDivisionError as error:
+        raise ToolError("division by zero") from error
+
+
+class Workspace:
+    """File tools that can only see files under `root`."""
+
+    def __init__(self, root: Path):
+        self.root = root.resolve()
+
+    def _resolve(self, relative: str) -> Path:
+        candidate = (self.root / relative.strip().lstrip("/")).resolve()
+        if not candidate.is_relative_to(self.root):
+            raise ToolError(f"{relative!r} is outside the workspace")
+        return candidate
+
+    def list_files(self, directory: str = ".") -> str:
+        folder = self._resolve(directory)
+        if not folder.is_dir():
+            raise ToolError(f"no directory {directory!r}")
+        names = sorted(
+            str(path.relative_to(self.root)) for path in folder.rglob("*") if path.is_file()
+        )
+        return "\n".join(names) or "(empty)"
+
+    def read_file(self, path: str) -> str:
+        target = self._resolve(path)
+        if not target.is_file():
+            raise ToolError(f"no file {path!r}; files: {self.list_files().replace(chr(10), ', ')}")
+        return target.read_text(errors="replace")[:_MAX_OUTPUT_CHARS]
+
+    def search_files(self, text: str) -> str:
+        needle = text.lower()
+        hits = []
+        for path in sorted(self.root.rglob("*")):
+            if not path.is_file():
+                continue
+            for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                if needle in line.lower():
+                    hits.append(f"{path.relative_to(self.root)}:{number}: {line}")
+        return "\n".join(hits)[:_MAX_OUTPUT_CHARS] or f"no line contains {text!r}"
+
+    def tools(self) -> list[Tool]:
+        def string_parameter(name: str, description: str) -> dict[str, Any]:
+            return {
+                "type": "object",
+                "properties": {name: {"type": "string", "description": description}},
+                "required": [name],
+            }
+
+        return [
+            Tool(
+                "list_files",
+                "List the files in a directory of the workspace.",
+                string_parameter("directory", "Directory relative to the workspace, e.g. '.'"),
+                self.list_files,
+            ),
+            Tool(
+                "read_file",
+                "Read a text file of the workspace.",
+                string_parameter("path", "File path relative to the workspace"),
+                self.read_file,
+            ),
+            Tool(
+                "search_files",
+                "Find the lines of workspace files that contain a text.",
+                string_parameter("text", "Text to look for (case-insensitive)"),
+                self.search_files,
+            ),
+            Tool(
+                "calculator",
+                "Evaluate an arithmetic expression such as '(12.5 + 7) * 3'.",
+                string_parameter("expression", "The arithmetic expression"),
+                calculate,
+            ),
+        ]
+
+
+def run_tool_call(tools: list[Tool], name: str, arguments_json: str) -> str:
+    """Execute one model tool call; failures come back as text for the model."""
+    by_name = {tool.name: tool for tool in tools}
+    if name not in by_name:
+        return f"error: unknown tool {name!r}; tools: {', '.join(by_name)}"
+    try:
+        arguments = json.loads(arguments_json or "{}")
+    except json.JSONDecodeError as error:
+        return f"error: arguments are not valid JSON: {error}"
+    if not isinstance(arguments, dict):
+        return "error: arguments must be a JSON object"
+    try:
+        return by_name[name].function(**arguments)
+    except ToolError as error:
+        return f"error: {error}"
+    except TypeError as error:
+        return f"error: bad arguments for {name}: {error}"
