@@ -19,6 +19,15 @@ WORKSPACE_FILES = {
     "orders.csv": "order,amount_eur\nA-100,12.50\nA-101,7.25\nA-102,30.00\n",
     "notes.txt": "Orders are listed in orders.csv. Amounts are in euros.\n",
 }
+# Per turn: the tool the agent asks for (the model fills in the arguments), then
+# a free choice among the tools, then a final answer without tools.
+TURN_TOOL_CHOICE: list[str | dict[str, Any]] = [
+    {"type": "function", "function": {"name": "list_files"}},
+    {"type": "function", "function": {"name": "read_file"}},
+    {"type": "function", "function": {"name": "calculator"}},
+    "required",
+    "none",
+]
 TASK = (
     "What is the total amount of all orders in the workspace? Look at the files, "
     "add the amounts with the calculator, then answer in one sentence."
@@ -34,9 +43,7 @@ class TurnRecord:
     cached_prompt_tokens: int | None = None
 
 
-def run_demo(
-    api_base: str, model: str, log: Callable[[str], None] = print, turns: int = 5
-) -> list[TurnRecord]:
+def run_demo(api_base: str, model: str, log: Callable[[str], None] = print) -> list[TurnRecord]:
     program_id = f"demo-{uuid.uuid4().hex[:8]}"
     client = OpenAI(
         base_url=api_base,
@@ -54,17 +61,16 @@ def run_demo(
             {"role": "user", "content": TASK},
         ]
         log(f"demo: program {program_id}, task: {TASK}")
-        for turn in range(1, turns + 1):
-            final = turn == turns
+        for turn, tool_choice in enumerate(TURN_TOOL_CHOICE, 1):
             started = time.monotonic()
             response = client.chat.completions.create(
                 model=model,
                 messages=messages,
                 tools=[tool.schema() for tool in tools],
-                tool_choice="none" if final else "required",
+                tool_choice=tool_choice,  # type: ignore[arg-type]
                 parallel_tool_calls=False,
                 temperature=0,
-                max_tokens=128 if final else 96,
+                max_tokens=128,
             )
             record = TurnRecord(turn, time.monotonic() - started)
             details = response.usage.prompt_tokens_details if response.usage else None

@@ -153,5 +153,11 @@ def _health_summary(health_url: str) -> str:
     engines = ", ".join(
         f"{engine.get('role')}={engine.get('state')}" for engine in report.get("engines", [])
     )
+    failures = "".join(
+        f"\n  {engine.get('role')}: {engine.get('detail')} (see the replica log under "
+        "/tmp/ray/session_latest/logs/serve/)"
+        for engine in report.get("engines", [])
+        if engine.get("state") == "failed"
+    )
     status = "ok" if response.status_code == 200 else "starting"
-    return f"{status} ({engines}; redis={'up' if report.get('redis') else 'down'})"
+    return f"{status} ({engines}; redis={'up' if report.get('redis') else 'down'}){failures}"

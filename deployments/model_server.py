@@ -109,6 +109,7 @@ class ModelServer:
             enable_auto_tool_choice=True,
             tool_call_parser=chat.tool_call_parser,
             tool_strict_level=chat.tool_strict_level,
+            enable_prompt_tokens_details=True,
         )
         app_state = State()
         await init_app_state(

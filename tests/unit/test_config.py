@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from cluster.config import (
+    CONFIGS_DIR,
+    ConfigError,
+    EngineConfig,
+    ModelDeploymentConfig,
+    ToolserveConfig,
+    load_config,
+)
+
+PROFILES = sorted(CONFIGS_DIR.glob("*.yaml"))
+
+
+def _engine(**overrides: object) -> EngineConfig:
+    return EngineConfig.model_validate({"model": "m", "served_model_name": "m"} | overrides)
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda path: path.name)
+def test_every_shipped_profile_validates(profile: Path) -> None:
+    config = load_config(profile)
+    assert config.main.engine.served_model_name
+
+
+def test_there_is_a_gpu_profile() -> None:
+    assert any(load_config(profile).main.num_gpus >= 1 for profile in PROFILES)
+
+
+def test_embedded_default_matches_the_cpu_recipe() -> None:
+    config = load_config()
+    engine = config.main.engine
+    assert engine.model == "embedded:smollm2-135m-instruct"
+    assert engine.dtype == "float32"
+    assert engine.enforce_eager
+    assert engine.enable_prefix_caching
+    assert engine.block_size in (32, 64)
+    assert engine.kv_cache_memory_bytes
+    assert config.draft is not None
+    assert config.main.chat.resolved_chat_template() is not None
+    assert Path(str(config.main.chat.resolved_chat_template())).exists()
+
+
+def test_engine_kwargs_pass_extra_arguments_through() -> None:
+    engine = _engine(extra_engine_args={"scheduling_policy": "priority"}, kv_cache_memory_bytes=1)
+    kwargs = engine.engine_kwargs("/models/m")
+    assert kwargs["model"] == "/models/m"
+    assert kwargs["served_model_name"] == ["m"]
+    assert kwargs["scheduling_policy"] == "priority"
+    assert kwargs["kv_cache_memory_bytes"] == 1
+    assert "gpu_memory_utilization" not in kwargs
+
+
+def test_extra_engine_args_may_not_shadow_typed_fields() -> None:
+    with pytest.raises(ValidationError, match="block_size"):
+        _engine(extra_engine_args={"block_size": 16})
+
+
+def test_block_size_must_be_a_multiple_of_16() -> None:
+    with pytest.raises(ValidationError, match="multiple of 16"):
+        _engine(block_size=40)
+
+
+def test_unknown_fields_are_rejected() -> None:
+    with pytest.raises(ValidationError, match="blok_size"):
+        _engine(blok_size=64)
+
+
+def test_main_and_draft_need_distinct_names() -> None:
+    deployment = ModelDeploymentConfig(engine=_engine())
+    with pytest.raises(ValidationError, match="different served_model_name"):
+        ToolserveConfig(name="x", main=deployment, draft=deployment)
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no configuration file"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_invalid_yaml_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("main: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(path)
+
+
+def test_invalid_values_name_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: x\nmain: {engine: {model: m, served_model_name: m, max_model_len: -1}}\n")
+    with pytest.raises(ConfigError, match=r"(?s)bad\.yaml.*max_model_len"):
+        load_config(path)
+
+
+def _models(root: type[BaseModel]) -> set[type[BaseModel]]:
+    found = {root}
+    for field in root.model_fields.values():
+        for candidate in (field.annotation, *getattr(field.annotation, "__args__", ())):
+            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                found |= _models(candidate)
+    return found
+
+
+@pytest.mark.parametrize("model", sorted(_models(ToolserveConfig), key=lambda m: m.__name__))
+def test_every_field_is_described(model: type[BaseModel]) -> None:
+    undocumented = [name for name, field in model.model_fields.items() if not field.description]
+    assert not undocumented
