@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
+import time
 from pathlib import Path
 
 from cluster.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
@@ -23,11 +22,11 @@ def _up(args: argparse.Namespace) -> int:
         config = config.model_copy(
             update={"server": config.server.model_copy(update={"port": args.port})}
         )
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         with LocalCluster(config, _log) as endpoints:
-            _log(f"OpenAI API:  {endpoints.api_base}  (model {config.main.engine.served_model_name})")
+            _log(
+                f"OpenAI API:  {endpoints.api_base}  (model {config.main.engine.served_model_name})"
+            )
             _log(f"health:      {endpoints.health_url}")
             _log(f"metrics:     {endpoints.metrics_url}")
             _log(f"redis:       {endpoints.redis_url}")
@@ -38,7 +37,8 @@ def _up(args: argparse.Namespace) -> int:
             if args.exit:
                 return 0
             _log("serving; press Ctrl-C to stop")
-            stop.wait()
+            while True:
+                time.sleep(3600)
     except KeyboardInterrupt:
         _log("interrupted")
     except ClusterStartError as error:

@@ -21,7 +21,7 @@ WORKSPACE_FILES = {
 }
 # Per turn: the tool the agent asks for (the model fills in the arguments), then
 # a free choice among the tools, then a final answer without tools.
-TURN_TOOL_CHOICE: list[str | dict[str, Any]] = [
+TURN_TOOL_CHOICE: list[Any] = [
     {"type": "function", "function": {"name": "list_files"}},
     {"type": "function", "function": {"name": "read_file"}},
     {"type": "function", "function": {"name": "calculator"}},
@@ -56,6 +56,7 @@ def run_demo(api_base: str, model: str, log: Callable[[str], None] = print) -> l
         for name, text in WORKSPACE_FILES.items():
             (Path(root) / name).write_text(text)
         tools = Workspace(Path(root)).tools()
+        tool_schemas: list[Any] = [tool.schema() for tool in tools]
         messages: list[Any] = [
             {"role": "system", "content": "You are a careful assistant that uses tools."},
             {"role": "user", "content": TASK},
@@ -66,8 +67,8 @@ def run_demo(api_base: str, model: str, log: Callable[[str], None] = print) -> l
             response = client.chat.completions.create(
                 model=model,
                 messages=messages,
-                tools=[tool.schema() for tool in tools],
-                tool_choice=tool_choice,  # type: ignore[arg-type]
+                tools=tool_schemas,
+                tool_choice=tool_choice,
                 parallel_tool_calls=False,
                 temperature=0,
                 max_tokens=128,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,7 +71,9 @@ class LocalCluster:
 
         from deployments.app import build_application
 
-        self._log("ray: starting" if config.ray.address is None else f"ray: joining {config.ray.address}")
+        self._log(
+            "ray: starting" if config.ray.address is None else f"ray: joining {config.ray.address}"
+        )
         ray.init(
             address=config.ray.address,
             num_cpus=config.ray.num_cpus if config.ray.address is None else None,
@@ -79,6 +83,7 @@ class LocalCluster:
             _metrics_export_port=config.ray.metrics_export_port,
         )
         self._ray_started = True
+        _stop_on_signals()
         serve.start(
             http_options={
                 "host": config.server.host,
@@ -86,7 +91,9 @@ class LocalCluster:
                 "request_timeout_s": config.server.request_timeout_s,
             }
         )
-        self._log("serve: deploying ingress, main-model" + (", draft-model" if config.draft else ""))
+        self._log(
+            "serve: deploying ingress, main-model" + (", draft-model" if config.draft else "")
+        )
         app = build_application(config, main_model, draft_model, self._redis.url)
         serve.run(app, name=config.name, route_prefix="/", blocking=False)
 
@@ -137,6 +144,22 @@ class LocalCluster:
             self._log("shutting down: redis-server")
             self._redis.stop()
         self._redis = None
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _stop_on_signals() -> None:
+    """Turn SIGTERM and SIGINT into KeyboardInterrupt so `stop()` always runs.
+
+    NOTE: must run after ray.init, which installs a SIGTERM handler that kills
+    the driver outright and orphans Ray's agents; SIGINT is included because a
+    background launch starts with it ignored.
+    """
+    if threading.current_thread() is threading.main_thread():
+        for stop_signal in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(stop_signal, _interrupt)
 
 
 def _health_summary(health_url: str) -> str:

@@ -45,9 +45,7 @@ def resolve_model(model_ref: str, cache_dir: Path) -> str:
     return str(_prepared(cache_dir / "models" / name, builders[name], cache_dir))
 
 
-def _prepared(
-    target: Path, build: Callable[[Path, Path], None], cache_dir: Path
-) -> Path:
+def _prepared(target: Path, build: Callable[[Path, Path], None], cache_dir: Path) -> Path:
     if (target / _READY_MARKER).exists():
         return target
     with _exclusive(cache_dir / "models" / f".{target.name}.lock"):

@@ -39,9 +39,7 @@ async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
 
 @app.exception_handler(Exception)
 async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:
-    return error_response(
-        ApiError(500, f"internal error: {type(exc).__name__}", "internal_error")
-    )
+    return error_response(ApiError(500, f"internal error: {type(exc).__name__}", "internal_error"))
 
 
 class _Rejected(Exception):
@@ -74,9 +72,38 @@ def _validation_message(error: ValidationError) -> str:
     return "Invalid request: " + "; ".join(problems)
 
 
+OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+def _check_messages(messages: Any) -> None:
+    """OpenAI's message rules that vLLM's permissive request model does not enforce."""
+    if not isinstance(messages, list) or not messages:
+        raise _Rejected(invalid_request("messages must be a non-empty array", "messages"))
+    for index, message in enumerate(messages):
+        param = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise _Rejected(invalid_request(f"{param} must be an object", param))
+        role = message.get("role")
+        if role not in OPENAI_ROLES:
+            raise _Rejected(
+                invalid_request(
+                    f"Invalid value for {param}.role: {role!r}. Supported values are: "
+                    + ", ".join(repr(known) for known in OPENAI_ROLES),
+                    f"{param}.role",
+                )
+            )
+        if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+            raise _Rejected(
+                invalid_request(
+                    f"{param} has role 'tool' but no tool_call_id", f"{param}.tool_call_id"
+                )
+            )
+
+
 def parse_chat_body(raw: bytes, served_models: list[str]) -> dict[str, Any]:
     """Decode and validate a chat completion body; raises _Rejected with a 4xx."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.exceptions import VLLMClientError
 
     try:
         body = json.loads(raw)
@@ -87,11 +114,12 @@ def parse_chat_body(raw: bytes, served_models: list[str]) -> dict[str, Any]:
     model = body.get("model")
     if model is not None and model not in served_models:
         raise _Rejected(model_not_found(str(model), served_models))
+    _check_messages(body.get("messages"))
     try:
         ChatCompletionRequest.model_validate(body)
     except ValidationError as error:
         raise _Rejected(invalid_request(_validation_message(error))) from error
-    except ValueError as error:
+    except (ValueError, VLLMClientError) as error:
         raise _Rejected(invalid_request(f"Invalid request: {error}")) from error
     return body
 
@@ -162,10 +190,8 @@ class OpenAIIngress:
 
     async def _status_of(self, role: str, handle: DeploymentHandle) -> dict[str, Any]:
         try:
-            status: EngineStatus = await asyncio.wait_for(
-                handle.status.remote(), _STATUS_TIMEOUT_S
-            )
-        except Exception as error:  # noqa: BLE001 - any failure means "not ready"
+            status: EngineStatus = await asyncio.wait_for(handle.status.remote(), _STATUS_TIMEOUT_S)
+        except Exception as error:
             return {
                 "role": role,
                 "state": "unreachable",
@@ -195,7 +221,7 @@ class OpenAIIngress:
         stream = self._main.options(stream=True).chat.remote(body)
         try:
             head: ReplyHead = await stream.__anext__()
-        except Exception as error:  # noqa: BLE001 - a lost replica is a 503, not a 500
+        except Exception as error:
             stream.cancel()
             unavailable = engine_not_ready(f"model replica unavailable: {type(error).__name__}")
             self._count(route, unavailable.status)
@@ -208,16 +234,14 @@ class OpenAIIngress:
         self._count(route, 200)
         if not head.streaming:
             return JSONResponse(head.body, headers=headers)
-        return StreamingResponse(
-            _relay(stream), media_type="text/event-stream", headers=headers
-        )
+        return StreamingResponse(_relay(stream), media_type="text/event-stream", headers=headers)
 
 
 async def _relay(stream: AsyncIterator[ReplyHead | str]) -> AsyncIterator[str]:
     try:
         async for chunk in stream:
             yield str(chunk)
-    except Exception as error:  # noqa: BLE001 - the client gets an SSE error event
+    except Exception as error:
         lost = engine_not_ready(f"model replica lost mid-stream: {type(error).__name__}")
         yield f"data: {json.dumps(lost.body())}\n\n"
         yield "data: [DONE]\n\n"

@@ -68,7 +68,7 @@ class ModelServer:
     async def _start_engine(self) -> None:
         try:
             await self._load()
-        except Exception as error:  # noqa: BLE001 - any load failure is reported, not raised
+        except Exception as error:
             logger.exception("engine failed to start")
             self._state = EngineState.FAILED
             self._detail = f"engine failed to start: {type(error).__name__}: {error}"
@@ -77,13 +77,13 @@ class ModelServer:
             self._detail = "engine is ready"
 
     async def _load(self) -> None:
+        from starlette.datastructures import State
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
         from vllm.entrypoints.launchers.cli_args import FrontendArgs
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
-        from starlette.datastructures import State
 
         if self._deployment.num_gpus == 0:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self._deployment.cpu_threads_bind
@@ -91,9 +91,7 @@ class ModelServer:
             **self._deployment.engine.engine_kwargs(self._resolved_model),
             disable_log_stats=False,
         )
-        vllm_config = engine_args.create_engine_config(
-            usage_context=UsageContext.OPENAI_API_SERVER
-        )
+        vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         # NOTE: AsyncLLM's constructor blocks until the engine process is up;
         # run it off the event loop so the replica keeps answering meanwhile.
         engine = await asyncio.to_thread(
@@ -149,7 +147,7 @@ class ModelServer:
         request = ChatCompletionRequest.model_validate(body)
         try:
             result = await serving_chat.create_chat_completion(request, None)
-        except Exception as error:  # noqa: BLE001 - vLLM maps its own exceptions
+        except Exception as error:
             result = create_error_response(error)
         if isinstance(result, ErrorResponse):
             yield ReplyHead(
@@ -161,9 +159,7 @@ class ModelServer:
             )
             return
         if not isinstance(result, AsyncIterator):
-            yield ReplyHead(
-                self._replica_id, streaming=False, body=result.model_dump(mode="json")
-            )
+            yield ReplyHead(self._replica_id, streaming=False, body=result.model_dump(mode="json"))
             return
         yield ReplyHead(self._replica_id, streaming=True)
         async for chunk in result:
@@ -178,6 +174,6 @@ def _current_replica_id() -> str:
     from ray import serve
 
     try:
-        return serve.get_replica_context().replica_id.unique_id
+        return str(serve.get_replica_context().replica_id.unique_id)
     except RuntimeError:
         return f"pid-{os.getpid()}"

@@ -31,7 +31,9 @@ def _post(cluster: Endpoints, **kwargs: Any) -> httpx.Response:
 
 def test_malformed_json(cluster: Endpoints) -> None:
     response = _post(
-        cluster, content=b'{"model": "x", "messages": [', headers={"content-type": "application/json"}
+        cluster,
+        content=b'{"model": "x", "messages": [',
+        headers={"content-type": "application/json"},
     )
     _assert_error_body(response, 400, "invalid_request")
     assert "JSON" in response.json()["error"]["message"]
@@ -96,7 +98,11 @@ def test_context_overflow(cluster: Endpoints, model_name: str) -> None:
 def test_conflicting_session_ids(cluster: Endpoints, model_name: str) -> None:
     response = _post(
         cluster,
-        json={"model": model_name, "messages": [{"role": "user", "content": "hi"}], "session_id": "a"},
+        json={
+            "model": model_name,
+            "messages": [{"role": "user", "content": "hi"}],
+            "session_id": "a",
+        },
         headers={"X-Session-ID": "b"},
     )
     _assert_error_body(response, 400, "invalid_request")

@@ -26,7 +26,11 @@ TOOLS = [
         },
     }
 ]
-CALL = {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.txt"}'}}
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "read_file", "arguments": '{"path": "a.txt"}'},
+}
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +46,17 @@ def template() -> str:
     return Path(path).read_text()
 
 
-def _render(tokenizer: PreTrainedTokenizerBase, template: str, messages: list[Any], **kwargs: Any) -> str:
-    return str(tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, **kwargs))
+def _render(
+    tokenizer: PreTrainedTokenizerBase, template: str, messages: list[Any], **kwargs: Any
+) -> str:
+    return str(
+        tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, **kwargs)
+    )
 
 
-def test_tools_are_listed_in_the_system_turn(tokenizer: PreTrainedTokenizerBase, template: str) -> None:
+def test_tools_are_listed_in_the_system_turn(
+    tokenizer: PreTrainedTokenizerBase, template: str
+) -> None:
     text = _render(tokenizer, template, [{"role": "user", "content": "hi"}], tools=TOOLS)
     system = text.split("<|im_end|>")[0]
     assert system.startswith("<|im_start|>system\n")
@@ -54,14 +64,19 @@ def test_tools_are_listed_in_the_system_turn(tokenizer: PreTrainedTokenizerBase,
     assert "<tool_call>" in system
 
 
-def test_without_tools_there_is_no_tool_section(tokenizer: PreTrainedTokenizerBase, template: str) -> None:
+def test_without_tools_there_is_no_tool_section(
+    tokenizer: PreTrainedTokenizerBase, template: str
+) -> None:
     text = _render(
         tokenizer,
         template,
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
         add_generation_prompt=True,
     )
-    assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        text == "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 @pytest.mark.parametrize("arguments", ['{"path": "a.txt"}', {"path": "a.txt"}])
@@ -72,13 +87,21 @@ def test_assistant_tool_calls_render_as_hermes_calls(
     text = _render(
         tokenizer,
         template,
-        [{"role": "user", "content": "read a"}, {"role": "assistant", "content": None, "tool_calls": [call]}],
+        [
+            {"role": "user", "content": "read a"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+        ],
         tools=TOOLS,
     )
-    assert '<|im_start|>assistant\n<tool_call>\n{"name": "read_file", "arguments": {"path": "a.txt"}}\n</tool_call><|im_end|>' in text
+    assert (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "read_file", '
+        '"arguments": {"path": "a.txt"}}\n</tool_call><|im_end|>' in text
+    )
 
 
-def test_consecutive_tool_results_share_one_turn(tokenizer: PreTrainedTokenizerBase, template: str) -> None:
+def test_consecutive_tool_results_share_one_turn(
+    tokenizer: PreTrainedTokenizerBase, template: str
+) -> None:
     messages = [
         {"role": "user", "content": "read both"},
         {"role": "assistant", "content": "", "tool_calls": [CALL, {**CALL, "id": "call_2"}]},
@@ -98,19 +121,32 @@ def test_content_parts_are_joined(tokenizer: PreTrainedTokenizerBase, template: 
     assert "<|im_start|>user\nhello<|im_end|>" in text
 
 
-def test_hermes_parser_reads_back_a_rendered_call(tokenizer: PreTrainedTokenizerBase, template: str) -> None:
+def test_hermes_parser_reads_back_a_rendered_call(
+    tokenizer: PreTrainedTokenizerBase, template: str
+) -> None:
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
 
-    prompt = _render(tokenizer, template, [{"role": "user", "content": "read a"}], tools=TOOLS, add_generation_prompt=True)
+    prompt = _render(
+        tokenizer,
+        template,
+        [{"role": "user", "content": "read a"}],
+        tools=TOOLS,
+        add_generation_prompt=True,
+    )
     full = _render(
         tokenizer,
         template,
-        [{"role": "user", "content": "read a"}, {"role": "assistant", "content": None, "tool_calls": [CALL]}],
+        [
+            {"role": "user", "content": "read a"},
+            {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        ],
         tools=TOOLS,
     )
     completion = full.removeprefix(prompt).removesuffix("<|im_end|>\n")
-    request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}], tools=TOOLS)
+    request = ChatCompletionRequest(
+        model="m", messages=[{"role": "user", "content": "x"}], tools=TOOLS
+    )
     parsed = Hermes2ProToolParser(tokenizer).extract_tool_calls(completion, request)
     assert parsed.tools_called
     assert parsed.tool_calls[0].function.name == "read_file"

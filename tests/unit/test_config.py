@@ -90,7 +90,9 @@ def test_invalid_yaml_is_a_config_error(tmp_path: Path) -> None:
 
 def test_invalid_values_name_the_file(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
-    path.write_text("name: x\nmain: {engine: {model: m, served_model_name: m, max_model_len: -1}}\n")
+    path.write_text(
+        "name: x\nmain: {engine: {model: m, served_model_name: m, max_model_len: -1}}\n"
+    )
     with pytest.raises(ConfigError, match=r"(?s)bad\.yaml.*max_model_len"):
         load_config(path)
 

@@ -1,0 +1,114 @@
+"""Request validation and program ids, without a cluster."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from deployments.errors import ApiError
+from deployments.ingress import _Rejected, parse_chat_body, program_id_for
+
+MODELS = ["smollm2-135m"]
+
+
+def _rejection(body: Any) -> ApiError:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    with pytest.raises(_Rejected) as raised:
+        parse_chat_body(raw, MODELS)
+    return raised.value.error
+
+
+def _chat(**fields: Any) -> dict[str, Any]:
+    return {"model": MODELS[0], "messages": [{"role": "user", "content": "hi"}]} | fields
+
+
+def test_a_valid_body_passes_unchanged() -> None:
+    body = _chat(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="auto")
+    assert parse_chat_body(json.dumps(body).encode(), MODELS) == body
+
+
+def test_model_may_be_omitted() -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    assert parse_chat_body(json.dumps(body).encode(), MODELS) == body
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "fragment"),
+    [
+        (b"{not json", 400, "invalid_request", "not valid JSON"),
+        (b"\xff\xfe", 400, "invalid_request", "not valid JSON"),
+        ([1], 400, "invalid_request", "JSON object"),
+        (_chat(model="gpt-9"), 404, "model_not_found", "gpt-9"),
+        (_chat(messages=[]), 400, "invalid_request", "non-empty"),
+        (_chat(messages=[{"role": "wizard", "content": "x"}]), 400, "invalid_request", "wizard"),
+        (_chat(messages=["hi"]), 400, "invalid_request", "must be an object"),
+        (
+            _chat(messages=[{"role": "tool", "content": "x"}]),
+            400,
+            "invalid_request",
+            "tool_call_id",
+        ),
+        (_chat(tools=[{"type": "function", "function": {}}]), 400, "invalid_request", "name"),
+        (
+            _chat(
+                tools=[{"type": "function", "function": {"name": "f"}}],
+                tool_choice={"type": "function", "function": {"name": "g"}},
+            ),
+            400,
+            "invalid_request",
+            "tool_choice",
+        ),
+        (_chat(temperature="hot"), 400, "invalid_request", "temperature"),
+    ],
+)
+def test_bad_bodies_are_rejected(body: Any, status: int, code: str, fragment: str) -> None:
+    error = _rejection(body)
+    assert (error.status, error.code) == (status, code)
+    assert fragment in error.message
+    assert set(error.body()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_program_id_prefers_the_header() -> None:
+    assert program_id_for("p-1", {}) == "p-1"
+    assert program_id_for(None, {"session_id": "p-2"}) == "p-2"
+    assert program_id_for("p-3", {"session_id": "p-3"}) == "p-3"
+
+
+def test_program_id_defaults_to_a_fresh_one_turn_program() -> None:
+    first, second = program_id_for(None, {}), program_id_for(None, {})
+    assert first.startswith("oneshot-") and first != second
+
+
+@pytest.mark.parametrize("body", [{"session_id": ""}, {"session_id": 5}])
+def test_program_id_must_be_a_non_empty_string(body: dict[str, Any]) -> None:
+    with pytest.raises(_Rejected):
+        program_id_for(None, body)
+
+
+def test_conflicting_program_ids_are_rejected() -> None:
+    with pytest.raises(_Rejected, match="disagree"):
+        program_id_for("a", {"session_id": "b"})
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "code", "type_"),
+    [
+        (
+            400,
+            "This model's maximum context length is 8192 tokens.",
+            "context_length_exceeded",
+            "invalid_request_error",
+        ),
+        (404, "no such thing", "not_found", "invalid_request_error"),
+        (422, "bad entity", "unprocessable_entity", "invalid_request_error"),
+        (503, "busy", "service_unavailable", "service_unavailable_error"),
+        (500, "boom", "internal_server_error", "server_error"),
+    ],
+)
+def test_engine_errors_map_to_openai_codes(
+    status: int, message: str, code: str, type_: str
+) -> None:
+    error = ApiError.from_status(status, message)
+    assert (error.code, error.type) == (code, type_)
