@@ -124,6 +124,18 @@ def parse_chat_body(raw: bytes, served_models: list[str]) -> dict[str, Any]:
     return body
 
 
+async def _relay(stream: AsyncIterator[ReplyHead | str]) -> AsyncIterator[str]:
+    try:
+        async for chunk in stream:
+            yield str(chunk)
+    except Exception as error:
+        lost = engine_not_ready(f"model replica lost mid-stream: {type(error).__name__}")
+        yield f"data: {json.dumps(lost.body())}\n\n"
+        yield "data: [DONE]\n\n"
+
+
+# NOTE: Serve pickles the FastAPI app and its route functions by value when the
+# class is decorated, so every helper they call must be defined above this line.
 @serve.ingress(app)
 class OpenAIIngress:
     """`/v1/chat/completions`, `/v1/models`, `/health`."""
@@ -235,13 +247,3 @@ class OpenAIIngress:
         if not head.streaming:
             return JSONResponse(head.body, headers=headers)
         return StreamingResponse(_relay(stream), media_type="text/event-stream", headers=headers)
-
-
-async def _relay(stream: AsyncIterator[ReplyHead | str]) -> AsyncIterator[str]:
-    try:
-        async for chunk in stream:
-            yield str(chunk)
-    except Exception as error:
-        lost = engine_not_ready(f"model replica lost mid-stream: {type(error).__name__}")
-        yield f"data: {json.dumps(lost.body())}\n\n"
-        yield "data: [DONE]\n\n"
