@@ -1,0 +1,26 @@
+"""ruff and mypy are part of the test command, so CI enforces them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from cluster.config import REPO_ROOT
+
+
+def _run(*command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", *command], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+
+
+def test_ruff_lint_and_format() -> None:
+    lint = _run("ruff", "check", ".")
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    formatting = _run("ruff", "format", "--check", ".")
+    assert formatting.returncode == 0, formatting.stdout + formatting.stderr
+
+
+def test_mypy_strict() -> None:
+    result = _run("mypy")
+    assert result.returncode == 0, result.stdout + result.stderr
