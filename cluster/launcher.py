@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -71,6 +72,9 @@ class LocalCluster:
 
         from deployments.app import build_application
 
+        # NOTE: Ray starts workers at niceness 15 by default; the engines are the
+        # point of this machine and must not yield the CPU to anything else.
+        os.environ.setdefault("RAY_worker_niceness", "0")
         self._log(
             "ray: starting" if config.ray.address is None else f"ray: joining {config.ray.address}"
         )

@@ -148,6 +148,10 @@ class OpenAIIngress:
         max_model_len: int,
         redis_url: str,
     ):
+        # NOTE: request validation uses vLLM's request model; importing vLLM takes
+        # seconds, so pay for it at start-up rather than on the first request.
+        import vllm.entrypoints.openai.chat_completion.protocol  # noqa: F401
+
         self._main = main
         self._draft = draft
         self._served_model = served_model
