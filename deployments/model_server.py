@@ -25,14 +25,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("toolserve.model_server")
 
-_WARM_UP_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "noop",
-        "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
-    },
-}
-
 
 class EngineState(enum.Enum):
     STARTING = "starting"
@@ -124,26 +116,7 @@ class ModelServer:
             Namespace(**(vars(frontend) | vars(engine_args))),
             supported_tasks=await engine.get_supported_tasks(),
         )
-        await self._warm_up(app_state.openai_serving_chat)
         self._serving_chat = app_state.openai_serving_chat
-
-    async def _warm_up(self, serving_chat: OpenAIServingChat) -> None:
-        """One tiny constrained tool call, so the first user request does not pay
-        for the first forward pass and grammar compilation (~10 s on CPU)."""
-        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-
-        request = ChatCompletionRequest.model_validate(
-            {
-                "messages": [{"role": "user", "content": "warm up"}],
-                "tools": [_WARM_UP_TOOL],
-                "tool_choice": "required",
-                "max_tokens": 8,
-            }
-        )
-        result = await serving_chat.create_chat_completion(request, None)
-        if isinstance(result, AsyncIterator):
-            async for _ in result:
-                pass
 
     def status(self) -> EngineStatus:
         return EngineStatus(
