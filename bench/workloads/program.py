@@ -1,0 +1,182 @@
+"""What every benchmark workload is made of: agent programs that alternate model
+turns and tool calls, driven against an OpenAI-compatible API.
+
+A program owns its conversation. The driver asks it for the next request, sends
+it, hands back the reply, and lets the program run the tools the reply asked
+for (really executing them, sleeping for the simulated part of their latency).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+ToolChoice = str | dict[str, Any]
+
+
+def named_tool(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name}}
+
+
+def function_tool(name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": parameters},
+    }
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """One model request of a program: the conversation so far is the program's."""
+
+    tool_choice: ToolChoice
+    max_tokens: int
+
+    @property
+    def expects_tool_call(self) -> bool:
+        return self.tool_choice not in ("none", "auto")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+
+    def parsed_arguments(self) -> dict[str, Any] | None:
+        """The arguments as a JSON object, or None when they are not one."""
+        try:
+            value = json.loads(self.arguments or "{}")
+        except json.JSONDecodeError:
+            return None
+        return value if isinstance(value, dict) else None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the model answered to one turn (an OpenAI chat completion, reduced)."""
+
+    content: str | None
+    tool_calls: tuple[ToolCall, ...]
+    finish_reason: str | None
+    prompt_tokens: int
+    cached_tokens: int | None
+    completion_tokens: int
+
+    def assistant_message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": self.content or ""}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+                for call in self.tool_calls
+            ]
+        return message
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """A tool call as the program executed it."""
+
+    content: str
+    usable: bool
+
+
+@dataclass(frozen=True)
+class ToolRound:
+    """The tools run after one turn: how long the agent spent on them, and how many
+    of the model's calls could not be used (malformed, unknown tool, bad arguments,
+    or no call where one was required)."""
+
+    latency_s: float
+    calls: int
+    unusable_calls: int
+
+
+@dataclass
+class AgentProgram(ABC):
+    """One agent run: all its turns share `program_id` (sent as `X-Session-ID`)."""
+
+    program_id: str
+    agent_type: str
+    arrival_s: float
+    tools: list[dict[str, Any]]
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    turns_sent: int = 0
+
+    @abstractmethod
+    def next_request(self) -> TurnRequest | None:
+        """The next model request, or None when the program is finished."""
+
+    @abstractmethod
+    def execute(self, call: ToolCall) -> ToolOutcome:
+        """Run one tool call for real (blocking) and return its result text."""
+
+    @abstractmethod
+    def simulated_latency_s(self, turn_index: int) -> float:
+        """Extra wall-clock time the tools of this turn take (an API, a test run):
+        drawn from the workload's distribution, so every system sees the same."""
+
+    def missing_call_message(self, request: TurnRequest) -> dict[str, Any] | None:
+        """What the agent says when a required call did not come; None: say nothing."""
+        return {
+            "role": "user",
+            "content": "You did not call a tool. Call exactly one tool next.",
+        }
+
+    async def act(self, request: TurnRequest, reply: Reply) -> ToolRound:
+        """Record the reply, run the tools it asked for, append their results."""
+        turn_index = self.turns_sent - 1
+        self.messages.append(reply.assistant_message())
+        started = time.monotonic()
+        outcomes = [await asyncio.to_thread(self.execute, call) for call in reply.tool_calls]
+        for call, outcome in zip(reply.tool_calls, outcomes, strict=True):
+            self.messages.append(
+                {"role": "tool", "tool_call_id": call.id, "content": outcome.content}
+            )
+        unusable = sum(not outcome.usable for outcome in outcomes)
+        if request.expects_tool_call and not reply.tool_calls:
+            unusable += 1
+            nudge = self.missing_call_message(request)
+            if nudge is not None:
+                self.messages.append(nudge)
+        ran_tools = bool(reply.tool_calls) or request.expects_tool_call
+        if ran_tools:
+            remaining = self.simulated_latency_s(turn_index) - (time.monotonic() - started)
+            if remaining > 0:
+                await asyncio.sleep(remaining)
+        return ToolRound(
+            latency_s=time.monotonic() - started if ran_tools else 0.0,
+            calls=max(len(reply.tool_calls), int(request.expects_tool_call)),
+            unusable_calls=unusable,
+        )
+
+
+def known_tool_names(tools: list[dict[str, Any]]) -> set[str]:
+    return {tool["function"]["name"] for tool in tools}
+
+
+def checked_call(
+    call: ToolCall,
+    tools: list[dict[str, Any]],
+    run: Callable[[dict[str, Any]], str],
+) -> ToolOutcome:
+    """Validate a call against the declared tools, then run it; errors become the
+    tool's result text, as an agent framework would report them to the model."""
+    if call.name not in known_tool_names(tools):
+        return ToolOutcome(f"Error: there is no tool named {call.name!r}.", usable=False)
+    arguments = call.parsed_arguments()
+    if arguments is None:
+        return ToolOutcome("Error: the arguments are not a JSON object.", usable=False)
+    try:
+        return ToolOutcome(run(arguments), usable=True)
+    except (TypeError, ValueError, KeyError) as error:
+        return ToolOutcome(f"Error: {error}", usable=False)

@@ -1,0 +1,272 @@
+"""Many-agent trace: programs arrive as a Poisson process; each runs a number of
+turns drawn from its agent profile, and between turns a tool whose latency is
+drawn from the same profile. Defaults are the published agent statistics
+(SWE-bench: 10.9±2.1 turns, tool 925±3550 ms; BFCL v4: 6.3±2.3 turns, tool
+1923±2133 ms)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bench.workloads.distributions import Distribution, poisson_arrivals
+from bench.workloads.program import (
+    AgentProgram,
+    ToolCall,
+    ToolOutcome,
+    TurnRequest,
+    checked_call,
+    function_tool,
+)
+
+
+class AgentProfile(BaseModel):
+    """One kind of agent in the mix."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Agent type (`swe` or `assistant`); picks tools and prompt.")
+    share: float = Field(gt=0, description="Relative share of programs of this type.")
+    turns: Distribution = Field(description="Model turns per program (rounded).")
+    tool_latency_s: Distribution = Field(description="Seconds each tool round takes.")
+
+
+SWE_BENCH_PROFILE = AgentProfile(
+    name="swe",
+    share=1.0,
+    turns=Distribution(kind="normal", mean=10.9, sd=2.1, low=2),
+    tool_latency_s=Distribution(kind="lognormal", mean=0.925, sd=3.55, high=30),
+)
+BFCL_V4_PROFILE = AgentProfile(
+    name="assistant",
+    share=1.0,
+    turns=Distribution(kind="normal", mean=6.3, sd=2.3, low=2),
+    tool_latency_s=Distribution(kind="lognormal", mean=1.923, sd=2.133, high=30),
+)
+
+
+class TraceConfig(BaseModel):
+    """Shape of a many-agent trace."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    programs: int = Field(gt=0, description="Number of agent programs.")
+    arrival_rate_per_s: float = Field(
+        ge=0, description="Poisson rate of program arrivals; 0 starts all at once."
+    )
+    profiles: tuple[AgentProfile, ...] = Field(
+        default=(SWE_BENCH_PROFILE, BFCL_V4_PROFILE), description="The agent mix."
+    )
+    tool_output_lines: Distribution = Field(
+        default=Distribution(kind="normal", mean=8, sd=3, low=2, high=24),
+        description="Lines of text each tool returns (about 12 tokens per line).",
+    )
+    call_max_tokens: int = Field(default=64, gt=0, description="Token cap of a tool-call turn.")
+    answer_max_tokens: int = Field(default=48, gt=0, description="Token cap of the final turn.")
+
+
+SWE_TOOLS = [
+    function_tool(
+        "read_file",
+        "Read a file of the repository.",
+        {
+            "type": "object",
+            "properties": {"path": {"type": "string", "description": "File path."}},
+            "required": ["path"],
+        },
+    ),
+    function_tool(
+        "search_code",
+        "Search the repository for a symbol or text.",
+        {
+            "type": "object",
+            "properties": {"query": {"type": "string", "description": "What to look for."}},
+            "required": ["query"],
+        },
+    ),
+    function_tool(
+        "run_tests",
+        "Run the test suite, or one test file.",
+        {
+            "type": "object",
+            "properties": {"target": {"type": "string", "description": "Test file or 'all'."}},
+            "required": ["target"],
+        },
+    ),
+    function_tool(
+        "edit_file",
+        "Replace a line of a file.",
+        {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string"},
+                "line": {"type": "integer"},
+                "text": {"type": "string"},
+            },
+            "required": ["path", "line", "text"],
+        },
+    ),
+]
+ASSISTANT_TOOLS = [
+    function_tool(
+        "search_flights",
+        "Find flights between two airports on a date.",
+        {
+            "type": "object",
+            "properties": {
+                "origin": {"type": "string", "description": "IATA code."},
+                "destination": {"type": "string", "description": "IATA code."},
+                "date": {"type": "string", "description": "YYYY-MM-DD."},
+            },
+            "required": ["origin", "destination", "date"],
+        },
+    ),
+    function_tool(
+        "get_weather",
+        "Weather forecast for a city.",
+        {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    ),
+    function_tool(
+        "send_message",
+        "Send a message to a contact.",
+        {
+            "type": "object",
+            "properties": {"to": {"type": "string"}, "text": {"type": "string"}},
+            "required": ["to", "text"],
+        },
+    ),
+    function_tool(
+        "lookup_order",
+        "Status of a customer order.",
+        {
+            "type": "object",
+            "properties": {"order_id": {"type": "string"}},
+            "required": ["order_id"],
+        },
+    ),
+]
+_PROFILE_SETUP: dict[str, tuple[str, list[dict[str, Any]]]] = {
+    "swe": (
+        "You are a software engineering agent working in a Python repository. "
+        "Use the tools to investigate and fix the issue. Call one tool per step; "
+        "when done, summarize the fix in one sentence.",
+        SWE_TOOLS,
+    ),
+    "assistant": (
+        "You are a personal assistant with access to travel, weather, messaging and "
+        "order tools. Call one tool per step; when done, answer in one sentence.",
+        ASSISTANT_TOOLS,
+    ),
+}
+_WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "kappa",
+    "lambda",
+    "sigma",
+    "omega",
+    "vector",
+    "matrix",
+    "cache",
+    "buffer",
+    "index",
+    "parser",
+    "token",
+    "stream",
+    "socket",
+    "worker",
+    "queue",
+    "ledger",
+    "router",
+    "budget",
+]
+
+
+def _task_text(profile: str, rng: random.Random, tag: str) -> str:
+    noun, verb = rng.choice(_WORDS), rng.choice(("fails", "hangs", "returns None", "leaks"))
+    if profile == "swe":
+        return f"Issue {tag}: `{noun}_{tag}.process()` {verb} when the input is empty. Fix it."
+    return f"Request {tag}: plan a trip for {noun.title()} {tag} and notify them when done."
+
+
+def tool_output_text(rng: random.Random, lines: int, tag: str) -> str:
+    """Code-like tool output, unique to the program (no two programs share text)."""
+    rows = []
+    for number in range(lines):
+        a, b = rng.sample(_WORDS, 2)
+        rows.append(f"{number + 1:3d}: {a}_{tag}_{number} = {b}({rng.randint(0, 9999)})")
+    return "\n".join(rows)
+
+
+@dataclass
+class TraceProgram(AgentProgram):
+    turns: int = 1
+    tool_latencies_s: list[float] = field(default_factory=list)
+    output_lines: list[int] = field(default_factory=list)
+    seed: int = 0
+    call_max_tokens: int = 64
+    answer_max_tokens: int = 48
+
+    def next_request(self) -> TurnRequest | None:
+        if self.turns_sent >= self.turns:
+            return None
+        self.turns_sent += 1
+        if self.turns_sent == self.turns:
+            return TurnRequest(tool_choice="none", max_tokens=self.answer_max_tokens)
+        return TurnRequest(tool_choice="required", max_tokens=self.call_max_tokens)
+
+    def execute(self, call: ToolCall) -> ToolOutcome:
+        turn_index = self.turns_sent - 1
+        text = tool_output_text(
+            random.Random(f"{self.seed}:{self.program_id}:{turn_index}:{call.name}"),
+            self.output_lines[turn_index],
+            self.program_id.rsplit("-", 1)[-1],
+        )
+        return checked_call(call, self.tools, lambda _arguments: text)
+
+    def simulated_latency_s(self, turn_index: int) -> float:
+        return self.tool_latencies_s[turn_index]
+
+
+def generate_trace(config: TraceConfig, seed: int) -> list[TraceProgram]:
+    """The same seed and config always give the same programs."""
+    rng = random.Random(seed)
+    arrivals = poisson_arrivals(config.programs, config.arrival_rate_per_s, rng)
+    weights = [profile.share for profile in config.profiles]
+    programs = []
+    for index, arrival in enumerate(arrivals):
+        profile = rng.choices(config.profiles, weights=weights)[0]
+        turns = max(1, profile.turns.sample_int(rng))
+        tag = f"{index:04d}"
+        system_prompt, tools = _PROFILE_SETUP[profile.name]
+        programs.append(
+            TraceProgram(
+                program_id=f"trace-{seed}-{tag}",
+                agent_type=profile.name,
+                arrival_s=arrival,
+                tools=tools,
+                messages=[
+                    {"role": "system", "content": system_prompt},
+                    {"role": "user", "content": _task_text(profile.name, rng, tag)},
+                ],
+                turns=turns,
+                tool_latencies_s=[profile.tool_latency_s.sample(rng) for _ in range(turns)],
+                output_lines=[
+                    max(1, config.tool_output_lines.sample_int(rng)) for _ in range(turns)
+                ],
+                seed=seed,
+                call_max_tokens=config.call_max_tokens,
+                answer_max_tokens=config.answer_max_tokens,
+            )
+        )
+    return programs
