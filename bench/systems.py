@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import yaml
 
 from cluster.config import REPO_ROOT, ToolserveConfig
 from cluster.models import resolve_model
+from cluster.net import free_port
 
 Log = Callable[[str], None]
 _STOP_GRACE_S = 90.0
@@ -101,12 +101,6 @@ def engine_settings(
 class Endpoint:
     base_url: str
     metrics_url: str
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def with_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -13,6 +12,8 @@ from pathlib import Path
 
 import redis
 from redis.exceptions import RedisError
+
+from cluster.net import free_port
 
 _START_TIMEOUT_S = 15.0
 
@@ -59,7 +60,7 @@ def ensure_redis(url: str | None, work_dir: Path, log: Callable[[str], None]) ->
     if url:
         log(f"redis: {url} is not reachable; starting a local redis-server")
     binary = shutil.which("redis-server") or _install_redis(log)
-    port = _free_port()
+    port = free_port()
     work_dir.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(
         [
@@ -121,9 +122,3 @@ def _is_root() -> bool:
     import os
 
     return os.geteuid() == 0
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 
 import httpx
@@ -11,12 +10,7 @@ from openai import OpenAI
 
 from cluster.config import ToolserveConfig, load_config
 from cluster.launcher import Endpoints, LocalCluster
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from cluster.net import free_port
 
 
 @pytest.fixture(scope="session")
@@ -24,8 +18,8 @@ def cluster_config() -> ToolserveConfig:
     config = load_config()
     return config.model_copy(
         update={
-            "server": config.server.model_copy(update={"port": _free_port()}),
-            "ray": config.ray.model_copy(update={"metrics_export_port": _free_port()}),
+            "server": config.server.model_copy(update={"port": free_port()}),
+            "ray": config.ray.model_copy(update={"metrics_export_port": free_port()}),
         }
     )
 

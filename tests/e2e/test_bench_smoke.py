@@ -1,0 +1,73 @@
+"""`toolserve bench --quick` end to end on the tiny model: every system really
+starts (stock vLLM, stock Ray Serve LLM, toolserve), serves the workload and
+stops, and the run's files are complete."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.report import PLOTS
+from bench.systems import DEFAULT_SYSTEMS
+from cluster.config import REPO_ROOT
+
+pytestmark = pytest.mark.e2e
+SERVER_PROCESSES = ("vllm.entrypoints", "bench.baselines.ray_serve_llm", "cluster.cli up")
+
+
+def _server_processes() -> list[str]:
+    listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True)
+    return [
+        line for line in listing.stdout.splitlines() if any(s in line for s in SERVER_PROCESSES)
+    ]
+
+
+def test_quick_benchmark_on_the_tiny_model(tmp_path: Path) -> None:
+    before = _server_processes()
+    command = [
+        sys.executable, "-m", "cluster.cli", "bench", "--quick",
+        "--model", "embedded:tiny-random-llama",
+        "--output", str(tmp_path), "--name", "smoke", "--no-progress",
+    ]  # fmt: skip
+    finished = subprocess.run(
+        command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1500, check=False
+    )
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    run_dir = tmp_path / "smoke"
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["workload"] == "many-agent" and summary["size"] == "quick"
+    assert summary["command"].startswith("toolserve bench --quick")
+    assert list(summary["systems"]) == list(DEFAULT_SYSTEMS)
+    for name, figures in summary["systems"].items():
+        assert "error" not in figures, (name, figures)
+        assert figures["failed_programs"] == 0, name
+        assert figures["jct_mean_s"] > 0 and figures["tokens_per_s"] > 0
+        # Every system was configured to report cached prompt tokens.
+        assert figures["prefix_reuse_rate"] is not None and figures["prefix_reuse_rate"] > 0
+        assert figures["engine_prefix_hit_rate"] is not None, name
+    assert set(summary["ratios_vs_stock_vllm"]) == set(DEFAULT_SYSTEMS)
+    assert summary["ratios_vs_stock_vllm"]["stock-vllm"]["jct_mean"] == 1.0
+
+    records = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]
+    programs = [r for r in records if r["kind"] == "program"]
+    requests = [r for r in records if r["kind"] == "request"]
+    assert {r["system"] for r in programs} == set(DEFAULT_SYSTEMS)
+    per_system = len(programs) // len(DEFAULT_SYSTEMS)
+    assert per_system == 6 and len(programs) == per_system * len(DEFAULT_SYSTEMS)
+    # The same programs with the same turn counts on every system.
+    turns = {(r["system"], r["program_id"]): r["turns"] for r in programs}
+    for (_, program_id), count in turns.items():
+        assert count == turns[("stock-vllm", program_id)]
+    assert len(requests) == sum(turns.values())
+
+    for name in PLOTS.values():
+        assert (run_dir / name).read_bytes().startswith(b"\x89PNG")
+    report = (run_dir / "report.md").read_text()
+    for name in DEFAULT_SYSTEMS:
+        assert f"| {name} |" in report
+    assert _server_processes() == before, "a system outlived the benchmark"

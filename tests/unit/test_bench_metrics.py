@@ -1,0 +1,276 @@
+"""Benchmark figures, Prometheus scraping, system commands and the report files."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from bench.driver import ProgramRecord, RequestRecord
+from bench.metrics import (
+    counter_totals,
+    latency_by_turn_index,
+    mean_jct_by_program,
+    percentile,
+    ratio,
+    reported_rates,
+    system_figures,
+    time_saved_by_tool_latency,
+    time_saved_pct,
+)
+from bench.report import PLOTS, write_markdown, write_plots, write_summary
+from bench.runner import BenchOptions, SystemRuns, summarize
+from bench.systems import EngineSettings, stock_vllm_command, system_catalog, with_overrides
+
+
+def _program(
+    system: str, program_id: str, jct: float, error: str | None = None, **extra: float
+) -> ProgramRecord:
+    return ProgramRecord(
+        system=system,
+        repeat=int(extra.get("repeat", 0)),
+        program_id=program_id,
+        agent_type="swe",
+        arrival_s=0.0,
+        finished_s=jct,
+        jct_s=jct,
+        turns=int(extra.get("turns", 3)),
+        tool_time_s=extra.get("tool_time", 2.0),
+        calls=int(extra.get("calls", 2)),
+        unusable_calls=int(extra.get("unusable", 0)),
+        error=error,
+    )
+
+
+def _request(
+    system: str, turn: int, latency: float, prompt: int = 100, cached: int | None = 50
+) -> RequestRecord:
+    return RequestRecord(
+        system=system,
+        repeat=0,
+        program_id="p",
+        agent_type="swe",
+        turn_index=turn,
+        sent_s=0.0,
+        latency_s=latency,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        completion_tokens=10,
+        finish_reason="tool_calls",
+        tool_calls=1,
+        unusable_calls=0,
+        tool_latency_s=1.0,
+    )
+
+
+def _settings() -> EngineSettings:
+    return EngineSettings(
+        model_path="/models/smollm2",
+        served_model_name="smollm2-135m",
+        dtype="float32",
+        max_model_len=2048,
+        block_size=64,
+        kv_cache_memory_bytes=128 * 2**20,
+        max_num_seqs=32,
+        seed=0,
+        enforce_eager=True,
+        chat_template="/t.jinja",
+        tool_call_parser="hermes",
+        tool_strict_level="parameter",
+        cpu_threads_bind="0-1",
+    )
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    values = [1.0, 2.0, 3.0, 4.0, 10.0]
+    assert percentile(values, 0.5) == 3.0
+    assert percentile(values, 0.9) == pytest.approx(7.6)
+    assert percentile(values, 0.0) == 1.0 and percentile(values, 1.0) == 10.0
+    assert math.isnan(percentile([], 0.5))
+
+
+def test_system_figures_leave_failed_programs_out_of_jct() -> None:
+    programs = [
+        _program("s", "a", 10.0, unusable=1),
+        _program("s", "b", 20.0),
+        _program("s", "c", 999.0, error="APIConnectionError"),
+    ]
+    requests = [_request("s", 0, 1.0, 100, 0), _request("s", 1, 3.0, 300, 250)]
+    figures = system_figures(programs, requests, wall_s=10.0)
+    assert (figures.programs, figures.failed_programs) == (3, 1)
+    assert figures.jct_mean_s == 15.0 and figures.jct_p50_s == 15.0
+    assert figures.turn_latency_median_s == 2.0
+    assert figures.tokens_per_s == 2.0
+    assert figures.prefix_reuse_rate == pytest.approx(250 / 400)
+    assert figures.unusable_call_rate == pytest.approx(1 / 6)
+    assert figures.time_saved_vs_stock_vllm_pct is None
+
+
+def test_prefix_reuse_is_unknown_when_the_server_does_not_report_it() -> None:
+    figures = system_figures([_program("s", "a", 1.0)], [_request("s", 0, 1.0, cached=None)], 1.0)
+    assert figures.prefix_reuse_rate is None
+
+
+def test_time_saved_and_ratios_compare_the_same_programs() -> None:
+    baseline = {"a": 10.0, "b": 30.0, "only-baseline": 100.0}
+    faster = {"a": 5.0, "b": 15.0}
+    assert time_saved_pct(faster, baseline) == pytest.approx(50.0)
+    assert time_saved_pct({"a": 20.0}, baseline) == pytest.approx(-100.0)
+    assert time_saved_pct({"x": 1.0}, baseline) is None
+    assert ratio(10.0, 5.0) == 2.0  # stock / system: above 1 is faster
+    assert ratio(10.0, 0.0) is None and ratio(math.nan, 1.0) is None
+
+
+def test_mean_jct_by_program_averages_repeats() -> None:
+    programs = [
+        _program("s", "a", 10.0, repeat=0),
+        _program("s", "a", 14.0, repeat=1),
+        _program("s", "b", 5.0, error="boom"),
+    ]
+    assert mean_jct_by_program(programs) == {"a": 12.0}
+
+
+def test_latency_by_turn_index_takes_medians() -> None:
+    requests = [_request("s", 0, 1.0), _request("s", 0, 3.0), _request("s", 1, 0.5)]
+    assert latency_by_turn_index(requests) == {0: 2.0, 1: 0.5}
+
+
+def test_time_saved_by_tool_latency_buckets_programs() -> None:
+    baseline = {f"p{i}": 10.0 for i in range(4)}
+    system = {"p0": 9.0, "p1": 9.0, "p2": 5.0, "p3": 5.0}
+    tool = {"p0": 0.1, "p1": 0.2, "p2": 2.0, "p3": 3.0}
+    rows = time_saved_by_tool_latency(system, baseline, tool, buckets=2)
+    assert [(low, high) for low, high, _ in rows] == [(0.1, 0.2), (2.0, 3.0)]
+    assert [saved for _, _, saved in rows] == pytest.approx([10.0, 50.0])
+
+
+PROMETHEUS_TEXT = """\
+# HELP vllm:prefix_cache_queries_total Prefix cache queries.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
+# HELP vllm:prefix_cache_hits_total Prefix cache hits.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 600.0
+# HELP vllm:external_prefix_cache_hits_total Connector hits.
+# TYPE vllm:external_prefix_cache_hits_total counter
+vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 999.0
+# HELP ray_vllm_prefix_cache_hits_total Hits, exported through Ray.
+# TYPE ray_vllm_prefix_cache_hits_total counter
+ray_vllm_prefix_cache_hits_total{model_name="draft"} 200.0
+# HELP ray_vllm_prefix_cache_queries_total Queries, exported through Ray.
+# TYPE ray_vllm_prefix_cache_queries_total counter
+ray_vllm_prefix_cache_queries_total{model_name="draft"} 1000.0
+"""
+
+
+def test_reported_rates_come_from_prometheus_counters() -> None:
+    totals = counter_totals(PROMETHEUS_TEXT)
+    assert totals["vllm:prefix_cache_hits_total"] == 600.0
+    rates = reported_rates(PROMETHEUS_TEXT)
+    assert rates["engine_prefix_hit_rate"] == pytest.approx(800 / 2000)
+    assert rates["tool_cache_hit_rate"] is None  # not reported by this system
+
+
+def test_reported_rates_tolerate_no_or_broken_metrics() -> None:
+    assert reported_rates("")["engine_prefix_hit_rate"] is None
+    assert reported_rates("not { prometheus")["engine_prefix_hit_rate"] is None
+
+
+def test_overrides_replace_dotted_paths_without_touching_the_original() -> None:
+    raw = {"main": {"engine": {"model": "a", "block_size": 64}}, "server": {"port": 1}}
+    result = with_overrides(raw, {"main.engine.model": "b", "ray.metrics_export_port": 9})
+    assert result == {
+        "main": {"engine": {"model": "b", "block_size": 64}},
+        "server": {"port": 1},
+        "ray": {"metrics_export_port": 9},
+    }
+    assert raw["main"]["engine"]["model"] == "a"
+
+
+def test_stock_vllm_gets_the_same_engine_and_tool_settings() -> None:
+    command = stock_vllm_command(_settings(), 8123)
+    joined = " ".join(command)
+    assert "-m vllm.entrypoints.openai.api_server" in joined
+    for expected in (
+        "--model /models/smollm2",
+        "--kv-cache-memory-bytes 134217728",
+        "--block-size 64",
+        "--max-model-len 2048",
+        "--tool-call-parser hermes",
+        "--tool-strict-level parameter",
+        "--chat-template /t.jinja",
+        "--port 8123",
+    ):
+        assert expected in joined
+    for flag in (
+        "--enable-prefix-caching",
+        "--enforce-eager",
+        "--enable-auto-tool-choice",
+        "--enable-prompt-tokens-details",
+    ):
+        assert flag in command
+
+
+def test_catalog_has_the_baselines_and_toolserve() -> None:
+    catalog = system_catalog()
+    assert {"stock-vllm", "stock-ray-serve-llm", "toolserve"} <= catalog.keys()
+    for name, spec in catalog.items():
+        if name.startswith("toolserve-no-"):
+            assert spec.kind == "toolserve" and spec.overrides
+
+
+def test_summary_report_and_plots(tmp_path: Path) -> None:
+    runs = {
+        "stock-vllm": SystemRuns(
+            programs=[_program("stock-vllm", "a", 10.0), _program("stock-vllm", "b", 20.0)],
+            requests=[_request("stock-vllm", 0, 2.0), _request("stock-vllm", 1, 4.0)],
+            wall_s=20.0,
+            startup_s=[30.0],
+            rates=[{"engine_prefix_hit_rate": 0.5}],
+        ),
+        "toolserve": SystemRuns(
+            programs=[_program("toolserve", "a", 5.0), _program("toolserve", "b", 10.0)],
+            requests=[_request("toolserve", 0, 1.0), _request("toolserve", 1, 2.0)],
+            wall_s=10.0,
+            startup_s=[60.0],
+            rates=[{"engine_prefix_hit_rate": 0.9}],
+        ),
+        "stock-ray-serve-llm": SystemRuns(error="not ready after 900s"),
+    }
+    options = BenchOptions(
+        workload="many-agent",
+        size="quick",
+        systems=list(runs),
+        seed=0,
+        repeats=1,
+        config_path=None,
+        output_dir=tmp_path,
+        run_name="run",
+        command="toolserve bench --quick",
+    )
+    summary = summarize(options, "two programs", _settings(), 128, list(runs), runs)
+    assert summary["ratios_vs_stock_vllm"]["toolserve"]["jct_mean"] == pytest.approx(2.0)
+    assert summary["ratios_vs_stock_vllm"]["toolserve"]["turn_latency_median"] == 2.0
+    assert summary["systems"]["toolserve"]["time_saved_vs_stock_vllm_pct"] == pytest.approx(50.0)
+    assert summary["systems"]["toolserve"]["engine_prefix_hit_rate"] == 0.9
+    assert summary["systems"]["stock-ray-serve-llm"] == {"error": "not ready after 900s"}
+
+    write_summary(tmp_path, summary)
+    stored = json.loads((tmp_path / "summary.json").read_text())
+    for key in ("command", "workload", "size", "systems", "ratios_vs_stock_vllm"):
+        assert key in stored
+    for key in ("jct_mean_s", "jct_p50_s", "jct_p90_s", "jct_p99_s", "turn_latency_median_s",
+                "tokens_per_s", "prefix_reuse_rate"):  # fmt: skip
+        assert key in stored["systems"]["toolserve"]
+
+    report = write_markdown(tmp_path, summary).read_text()
+    assert "| toolserve | 2 (0) | 7.50 s |" in report
+    assert "stock-ray-serve-llm | failed: not ready after 900s" in report
+
+    programs = runs["stock-vllm"].programs + runs["toolserve"].programs
+    requests = runs["stock-vllm"].requests + runs["toolserve"].requests
+    write_plots(tmp_path, list(runs), programs, requests)
+    for name in PLOTS.values():
+        assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")

@@ -1,0 +1,326 @@
+"""Workload generators: determinism, published statistics, program state machines,
+and the real tool backends (BFCL, the Python runner)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import statistics
+from dataclasses import replace
+
+import pytest
+from pydantic import ValidationError
+
+from bench.workloads import SIZES, WORKLOADS, plan_workload
+from bench.workloads.bfcl import (
+    BfclConfig,
+    SafeDispatcher,
+    generate_bfcl,
+    load_entries,
+    to_json_schema,
+    tool_schemas,
+)
+from bench.workloads.codegen import CodegenConfig, generate_codegen, run_python
+from bench.workloads.distributions import Distribution, poisson_arrivals
+from bench.workloads.program import Reply, ToolCall
+from bench.workloads.trace import (
+    BFCL_V4_PROFILE,
+    SWE_BENCH_PROFILE,
+    TraceConfig,
+    TraceProgram,
+    generate_trace,
+)
+from bench.workloads.workflows import (
+    BUG_FIX_STEPS,
+    CODING_STEPS,
+    WorkflowConfig,
+    generate_workflows,
+)
+
+ZERO_LATENCY = Distribution(kind="constant", mean=0.0)
+
+
+def _reply(*calls: ToolCall, content: str | None = None) -> Reply:
+    return Reply(
+        content=content,
+        tool_calls=calls,
+        finish_reason="tool_calls" if calls else "stop",
+        prompt_tokens=100,
+        cached_tokens=64,
+        completion_tokens=20,
+    )
+
+
+def _program_fingerprint(program: object) -> str:
+    fields = {
+        key: value
+        for key, value in vars(program).items()
+        if key not in ("dispatcher", "repository")
+    }
+    return json.dumps(fields, sort_keys=True, default=str)
+
+
+# --- distributions -----------------------------------------------------------
+
+
+def test_lognormal_matches_the_published_mean_and_sd() -> None:
+    latency = SWE_BENCH_PROFILE.tool_latency_s.model_copy(update={"high": None})
+    rng = random.Random(7)
+    samples = [latency.sample(rng) for _ in range(200_000)]
+    assert statistics.fmean(samples) == pytest.approx(0.925, rel=0.05)
+    assert statistics.median(samples) < 0.925  # heavy tail: most tools are fast
+    assert min(samples) > 0
+
+
+def test_normal_turns_match_the_published_statistics() -> None:
+    rng = random.Random(3)
+    turns = [BFCL_V4_PROFILE.turns.sample_int(rng) for _ in range(50_000)]
+    assert statistics.fmean(turns) == pytest.approx(6.3, abs=0.1)
+    assert statistics.pstdev(turns) == pytest.approx(2.3, abs=0.15)
+    assert min(turns) >= 2
+
+
+def test_distribution_clips_and_validates() -> None:
+    clipped = Distribution(kind="normal", mean=0, sd=10, low=-1, high=1)
+    rng = random.Random(0)
+    assert all(-1 <= clipped.sample(rng) <= 1 for _ in range(1000))
+    assert Distribution(kind="constant", mean=2.5).sample(rng) == 2.5
+    with pytest.raises(ValidationError):
+        Distribution(kind="lognormal", mean=0, sd=1)
+    with pytest.raises(ValidationError):
+        Distribution(kind="normal", mean=0, low=2, high=1)
+
+
+def test_poisson_arrivals_start_at_zero_and_match_the_rate() -> None:
+    arrivals = poisson_arrivals(20_000, 0.5, random.Random(1))
+    assert arrivals[0] == 0.0
+    assert arrivals == sorted(arrivals)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
+    assert statistics.fmean(gaps) == pytest.approx(2.0, rel=0.05)
+    assert poisson_arrivals(3, 0, random.Random(1)) == [0.0, 0.0, 0.0]
+
+
+# --- many-agent trace --------------------------------------------------------
+
+
+def test_trace_is_deterministic_given_the_seed() -> None:
+    config = TraceConfig(programs=12, arrival_rate_per_s=0.5)
+    first = [_program_fingerprint(p) for p in generate_trace(config, seed=5)]
+    again = [_program_fingerprint(p) for p in generate_trace(config, seed=5)]
+    other = [_program_fingerprint(p) for p in generate_trace(config, seed=6)]
+    assert first == again
+    assert first != other
+
+
+def test_trace_programs_are_unique_and_mix_agent_types() -> None:
+    programs = generate_trace(TraceConfig(programs=60, arrival_rate_per_s=1.0), seed=0)
+    assert len({p.program_id for p in programs}) == 60
+    assert {p.agent_type for p in programs} == {"swe", "assistant"}
+    tasks = [p.messages[1]["content"] for p in programs]
+    assert len(set(tasks)) == len(tasks)
+    swe_turns = [p.turns for p in programs if p.agent_type == "swe"]
+    assistant_turns = [p.turns for p in programs if p.agent_type == "assistant"]
+    assert statistics.fmean(swe_turns) > statistics.fmean(assistant_turns)
+
+
+def test_trace_program_requires_tools_until_its_last_turn() -> None:
+    program = generate_trace(TraceConfig(programs=1, arrival_rate_per_s=0), seed=1)[0]
+    program = replace(program, turns=3, tool_latencies_s=[0.0] * 3, output_lines=[4] * 3)
+    choices = []
+    while (request := program.next_request()) is not None:
+        choices.append(request.tool_choice)
+        call = ToolCall("call-1", "read_file", '{"path": "a.py"}')
+        asyncio.run(program.act(request, _reply(call) if request.expects_tool_call else _reply()))
+    assert choices == ["required", "required", "none"]
+    roles = [message["role"] for message in program.messages]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert program.messages[3]["tool_call_id"] == "call-1"
+    assert len(program.messages[3]["content"].splitlines()) == 4
+
+
+def test_trace_program_counts_unusable_calls() -> None:
+    program: TraceProgram = generate_trace(TraceConfig(programs=1, arrival_rate_per_s=0), 1)[0]
+    program = replace(program, turns=4, tool_latencies_s=[0.0] * 4, output_lines=[2] * 4)
+    outcomes = []
+    for reply in (
+        _reply(content="I will read the file."),  # no call where one is required
+        _reply(ToolCall("c1", "delete_everything", "{}")),  # unknown tool
+        _reply(ToolCall("c2", "read_file", '{"path": ')),  # malformed arguments
+    ):
+        request = program.next_request()
+        assert request is not None
+        outcomes.append(asyncio.run(program.act(request, reply)))
+    assert [outcome.unusable_calls for outcome in outcomes] == [1, 1, 1]
+    assert program.messages[3] == {
+        "role": "user",
+        "content": "You did not call a tool. Call exactly one tool next.",
+    }
+
+
+# --- workflows ---------------------------------------------------------------
+
+
+def test_workflow_scripts_have_the_papers_turn_counts() -> None:
+    assert len(BUG_FIX_STEPS) == 6
+    assert len(CODING_STEPS) == 35
+
+
+def test_coding_workflow_grows_every_turn_with_session_unique_files() -> None:
+    config = WorkflowConfig(
+        workflow="coding-35", sessions=2, arrival_rate_per_s=0, tool_latency_s=ZERO_LATENCY
+    )
+    first, second = generate_workflows(config, seed=0)
+    sizes = []
+    requests = 0
+    while (request := first.next_request()) is not None:
+        requests += 1
+        if request.expects_tool_call:
+            assert isinstance(request.tool_choice, dict)
+            name = request.tool_choice["function"]["name"]
+            asyncio.run(first.act(request, _reply(ToolCall(f"c{requests}", name, "{}"))))
+        else:
+            asyncio.run(first.act(request, _reply(content="Fixed it.")))
+        sizes.append(len(json.dumps(first.messages)))
+    assert requests == 35
+    assert sizes == sorted(sizes) and len(set(sizes)) == len(sizes)
+    assert first.repository is not None and second.repository is not None
+    assert set(first.repository.files).isdisjoint(second.repository.files)
+
+
+def test_workflow_answers_do_not_depend_on_call_order_elsewhere() -> None:
+    config = WorkflowConfig(workflow="bugfix-6", sessions=1, arrival_rate_per_s=0)
+    one, two = generate_workflows(config, 3)[0], generate_workflows(config, 3)[0]
+    assert one.repository is not None and two.repository is not None
+    two.repository.answer("run_tests", 9)  # an extra call must not shift later answers
+    assert one.repository.answer("run_tests", 3) == two.repository.answer("run_tests", 3)
+
+
+def test_unknown_workflow_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown workflow"):
+        generate_workflows(WorkflowConfig(workflow="x", sessions=1, arrival_rate_per_s=0), 0)
+
+
+# --- BFCL --------------------------------------------------------------------
+
+
+def test_bfcl_types_become_json_schema() -> None:
+    schema = to_json_schema(
+        {
+            "type": "dict",
+            "properties": {
+                "amount": {"type": "float", "description": "Money."},
+                "tags": {"type": "array", "items": {"type": "string"}},
+                "extra": {"type": "dict", "properties": {"n": {"type": "integer"}}},
+            },
+            "required": ["amount"],
+        },
+        {"dict": "object", "float": "number", "array": "array", "string": "string",
+         "integer": "integer"},
+    )  # fmt: skip
+    assert schema == {
+        "type": "object",
+        "required": ["amount"],
+        "properties": {
+            "amount": {"type": "number", "description": "Money."},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "extra": {"type": "object", "properties": {"n": {"type": "integer"}}},
+        },
+    }
+
+
+def test_bfcl_tools_are_valid_schemas_without_excluded_functions() -> None:
+    tools = tool_schemas(["GorillaFileSystem", "TwitterAPI"], excluded=["cp"])
+    names = [tool["function"]["name"] for tool in tools]
+    assert "cp" not in names and {"ls", "cd", "post_tweet"} <= set(names)
+    for tool in tools:
+        parameters = tool["function"]["parameters"]
+        assert parameters["type"] == "object"
+        assert "This tool belongs to" not in tool["function"]["description"]
+        for prop in parameters.get("properties", {}).values():
+            assert prop["type"] in {"string", "integer", "number", "boolean", "array", "object"}
+
+
+def test_safe_dispatcher_runs_the_real_backends() -> None:
+    entry = load_entries("base")[0]
+    dispatcher = SafeDispatcher(
+        entry["involved_classes"], entry["initial_config"], entry["excluded_function"]
+    )
+    assert "workspace" in dispatcher("pwd", {})
+    dispatcher("cd", {"folder": "document"})
+    assert "final_report.pdf" in dispatcher("ls", {})
+    with pytest.raises(KeyError):
+        dispatcher("cp", {})  # excluded in this entry
+    with pytest.raises(KeyError):
+        dispatcher("__init__", {})
+    with pytest.raises(TypeError):
+        dispatcher("cd", {"no_such_argument": 1})
+
+
+def test_bfcl_program_replays_user_turns_with_a_step_limit() -> None:
+    config = BfclConfig(entries=1, arrival_rate_per_s=0, steps_per_turn=2)
+    program = generate_bfcl(config, seed=0)[0]
+    program.latencies_s = [0.0]
+    user_turns = len(program.user_turns)
+    requests = 0
+    while (request := program.next_request()) is not None:
+        requests += 1
+        # The model keeps calling `pwd`: every user turn hits the step limit.
+        asyncio.run(program.act(request, _reply(ToolCall(f"c{requests}", "pwd", "{}"))))
+    assert requests == 2 * user_turns
+    assert program.step_limit_hits == user_turns
+    users = [m["content"] for m in program.messages if m["role"] == "user"]
+    assert users == [turn[0]["content"] for turn in program.user_turns]
+
+
+def test_bfcl_selection_is_deterministic() -> None:
+    config = BfclConfig(entries=4, arrival_rate_per_s=0.2)
+    ids = [p.program_id for p in generate_bfcl(config, seed=2)]
+    assert ids == [p.program_id for p in generate_bfcl(config, seed=2)]
+    assert ids != [p.program_id for p in generate_bfcl(config, seed=3)]
+
+
+# --- codegen -----------------------------------------------------------------
+
+
+def test_run_python_really_runs_scripts_in_isolation() -> None:
+    assert run_python("for i in range(3):\n    print(i * i)", 10).split() == ["0", "1", "4"]
+    assert "ZeroDivisionError" in run_python("1 / 0", 10)
+    assert "exit code 1" in run_python("1 / 0", 10)
+    assert "stopped" in run_python("while True:\n    pass", 0.5)
+
+
+def test_codegen_program_alternates_script_and_explanation() -> None:
+    program = generate_codegen(
+        CodegenConfig(programs=1, tasks_per_program=2, arrival_rate_per_s=0), seed=0
+    )[0]
+    kinds = []
+    while (request := program.next_request()) is not None:
+        if request.expects_tool_call:
+            kinds.append("script")
+            code = json.dumps({"code": "print(6 * 7)"})
+            asyncio.run(program.act(request, _reply(ToolCall("c", "run_python", code))))
+        else:
+            kinds.append("explain")
+            asyncio.run(program.act(request, _reply(content="It printed 42.")))
+    assert kinds == ["script", "explain", "script", "explain"]
+    assert any(m["role"] == "tool" and m["content"].strip() == "42" for m in program.messages)
+
+
+# --- registry ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+@pytest.mark.parametrize("size", SIZES)
+def test_every_workload_builds_deterministically(name: str, size: str) -> None:
+    plan = plan_workload(name, size)  # type: ignore[arg-type]
+    programs = plan.build(0)
+    assert programs
+    assert [p.program_id for p in programs] == [p.program_id for p in plan.build(0)]
+    assert plan.kv_cache_mib > 0 and plan.max_model_len >= 2048
+
+
+def test_unknown_workload_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown workload"):
+        plan_workload("nope", "quick")
