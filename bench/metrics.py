@@ -49,6 +49,7 @@ class SystemFigures:
     prefix_reuse_rate: float | None
     unusable_call_rate: float | None
     time_saved_vs_stock_vllm_pct: float | None
+    peak_live_context_tokens: int
 
 
 def system_figures(
@@ -87,7 +88,33 @@ def system_figures(
         time_saved_vs_stock_vllm_pct=time_saved_pct(mean_jct_by_program(programs), baseline_jct)
         if baseline_jct
         else None,
+        peak_live_context_tokens=peak_live_context_tokens(programs, requests),
     )
+
+
+def peak_live_context_tokens(
+    programs: Sequence[ProgramRecord], requests: Sequence[RequestRecord]
+) -> int:
+    """The most context the running programs held at once (any repeat): at each
+    request's send time, the sum over unfinished programs of their latest prompt
+    plus completion. Above the KV capacity, the engine cannot keep every agent's
+    context and must evict some while their tools run."""
+    finished_at = {(p.repeat, p.program_id): p.finished_s for p in programs}
+    peak = 0
+    for repeat in {request.repeat for request in requests}:
+        live: dict[str, int] = {}
+        for request in sorted(
+            (r for r in requests if r.repeat == repeat and r.error is None),
+            key=lambda r: r.sent_s,
+        ):
+            live[request.program_id] = request.prompt_tokens + request.completion_tokens
+            live = {
+                program_id: tokens
+                for program_id, tokens in live.items()
+                if finished_at.get((repeat, program_id), math.inf) > request.sent_s
+            }
+            peak = max(peak, sum(live.values()))
+    return peak
 
 
 def mean_jct_by_program(programs: Iterable[ProgramRecord]) -> dict[str, float]:
@@ -185,6 +212,25 @@ def counter_totals(metrics_text: str) -> dict[str, float]:
     except ValueError:
         return {}
     return dict(totals)
+
+
+def kv_cache_size_tokens(metrics_text: str) -> int | None:
+    """The KV capacity a vLLM engine reports in its cache configuration gauge (the
+    largest, when several engines report: the draft model's is the smaller)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sizes = []
+    try:
+        for family in text_string_to_metric_families(metrics_text):
+            if family.name.endswith("cache_config_info"):
+                sizes += [
+                    int(sample.labels["kv_cache_size_tokens"])
+                    for sample in family.samples
+                    if sample.labels.get("kv_cache_size_tokens", "").isdigit()
+                ]
+    except ValueError:
+        return None
+    return max(sizes, default=None)
 
 
 def reported_rates(metrics_text: str) -> dict[str, float | None]:

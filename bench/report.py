@@ -126,6 +126,29 @@ def write_plots(
     plt.close(figure)
 
 
+def _memory_pressure(summary: dict[str, Any]) -> list[str]:
+    capacity = summary["settings"].get("kv_cache_tokens")
+    peaks = {
+        name: figures["peak_live_context_tokens"]
+        for name, figures in summary["systems"].items()
+        if figures.get("peak_live_context_tokens")
+    }
+    if not capacity or not peaks:
+        return []
+    highest = max(peaks.values())
+    consequence = (
+        "so not every agent's KV could stay resident while its tools ran"
+        if highest > capacity
+        else "within the capacity: this run had no memory pressure"
+    )
+    return [
+        f"Memory pressure: the KV cache holds {capacity} tokens; at the busiest moment the "
+        f"running programs' contexts summed to {highest} tokens "
+        f"({highest / capacity:.1f}x the capacity), {consequence}.",
+        "",
+    ]
+
+
 def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
     settings = summary["settings"]
     lines = [
@@ -138,7 +161,8 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         f"({' '.join(summary['order'])}).",
         "",
         f"Engine for every system: `{settings['model']}` ({settings['dtype']}, eager="
-        f"{settings['enforce_eager']}), KV cache {settings['kv_cache_mib']} MiB, max_model_len "
+        f"{settings['enforce_eager']}), KV cache {settings['kv_cache_mib']} MiB "
+        f"({_format(settings.get('kv_cache_tokens'), ' tokens')}), max_model_len "
         f"{settings['max_model_len']}, block size {settings['block_size']}, prefix caching on, "
         f"OpenMP threads bound to CPUs {settings['cpu_threads_bind']}. Machine: "
         f"{summary['machine']}.",
@@ -168,6 +192,7 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         "Ratios are stock vLLM's figure divided by the system's (above 1: faster). "
         "Time saved compares total job time over the programs both systems completed.",
         "",
+        *_memory_pressure(summary),
         "## Hit rates",
         "",
         "| system | prompt tokens served from cache | engine prefix-cache hit rate "

@@ -17,6 +17,7 @@ from bench.driver import ProgramRecord, RequestRecord, RunResult, run_workload
 from bench.metrics import (
     BASELINE,
     RATE_NAMES,
+    kv_cache_size_tokens,
     mean_jct_by_program,
     ratio,
     reported_rates,
@@ -63,6 +64,7 @@ class SystemRuns:
     wall_s: float = 0.0
     startup_s: list[float] = field(default_factory=list)
     rates: list[dict[str, float | None]] = field(default_factory=list)
+    kv_cache_tokens: int | None = None
     error: str | None = None
 
 
@@ -168,6 +170,7 @@ def _run_system(
     system_runs.wall_s += result.wall_s
     system_runs.startup_s.append(startup)
     system_runs.rates.append(reported_rates(metrics_text))
+    system_runs.kv_cache_tokens = kv_cache_size_tokens(metrics_text) or system_runs.kv_cache_tokens
     failed = sum(program.error is not None for program in result.programs)
     log(
         f"bench: {name} done in {result.wall_s:.0f}s, {len(result.requests)} requests, "
@@ -234,6 +237,10 @@ def summarize(
             "dtype": settings.dtype,
             "enforce_eager": settings.enforce_eager,
             "kv_cache_mib": kv_cache_mib,
+            "kv_cache_tokens": next(
+                (runs_of.kv_cache_tokens for runs_of in runs.values() if runs_of.kv_cache_tokens),
+                None,
+            ),
             "max_model_len": settings.max_model_len,
             "block_size": settings.block_size,
             "max_num_seqs": settings.max_num_seqs,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,10 @@ import pytest
 from bench.driver import ProgramRecord, RequestRecord
 from bench.metrics import (
     counter_totals,
+    kv_cache_size_tokens,
     latency_by_turn_index,
     mean_jct_by_program,
+    peak_live_context_tokens,
     percentile,
     ratio,
     reported_rates,
@@ -173,6 +176,43 @@ def test_reported_rates_come_from_prometheus_counters() -> None:
     assert rates["tool_cache_hit_rate"] is None  # not reported by this system
 
 
+def test_kv_capacity_is_read_from_the_engines_cache_config() -> None:
+    text = (
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="64",kv_cache_size_tokens="2880"} 1.0\n'
+        'vllm:cache_config_info{block_size="64",kv_cache_size_tokens="1152"} 1.0\n'
+    )
+    assert kv_cache_size_tokens(text) == 2880
+    assert kv_cache_size_tokens(PROMETHEUS_TEXT) is None
+    assert kv_cache_size_tokens("not { prometheus") is None
+
+
+def test_peak_live_context_sums_the_running_programs_latest_contexts() -> None:
+    def sent(program_id: str, at: float, prompt: int, repeat: int = 0) -> RequestRecord:
+        return replace(
+            _request("s", 0, 1.0, prompt=prompt),
+            program_id=program_id,
+            sent_s=at,
+            repeat=repeat,
+        )
+
+    programs = [
+        replace(_program("s", "a", 10.0), finished_s=10.0),
+        replace(_program("s", "b", 5.0), arrival_s=1.0, finished_s=6.0),
+        replace(_program("s", "c", 3.0), arrival_s=7.0, finished_s=10.0),
+    ]
+    requests = [
+        sent("a", 0.0, 100),  # a: 110 live
+        sent("b", 1.0, 200),  # a 110 + b 210
+        sent("a", 4.0, 300),  # a 310 + b 210 = 520, the peak
+        sent("c", 7.0, 50),  # b has finished: a 310 + c 60
+        sent("a", 2.0, 900, repeat=1),  # another repeat is its own timeline
+    ]
+    assert peak_live_context_tokens(programs, requests) == 910
+    assert peak_live_context_tokens(programs, requests[:4]) == 520
+    assert peak_live_context_tokens(programs, []) == 0
+
+
 def test_reported_rates_tolerate_no_or_broken_metrics() -> None:
     assert reported_rates("")["engine_prefix_hit_rate"] is None
     assert reported_rates("not { prometheus")["engine_prefix_hit_rate"] is None
@@ -229,6 +269,7 @@ def test_summary_report_and_plots(tmp_path: Path) -> None:
             wall_s=20.0,
             startup_s=[30.0],
             rates=[{"engine_prefix_hit_rate": 0.5}],
+            kv_cache_tokens=100,
         ),
         "toolserve": SystemRuns(
             programs=[_program("toolserve", "a", 5.0), _program("toolserve", "b", 10.0)],
@@ -268,6 +309,8 @@ def test_summary_report_and_plots(tmp_path: Path) -> None:
     report = write_markdown(tmp_path, summary).read_text()
     assert "| toolserve | 2 (0) | 7.50 s |" in report
     assert "stock-ray-serve-llm | failed: not ready after 900s" in report
+    assert "KV cache 128 MiB (100 tokens)" in report
+    assert "contexts summed to 110 tokens (1.1x the capacity)" in report
 
     programs = runs["stock-vllm"].programs + runs["toolserve"].programs
     requests = runs["stock-vllm"].requests + runs["toolserve"].requests
