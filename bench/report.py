@@ -61,6 +61,7 @@ def write_plots(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     by_system = {name: [p for p in programs if p.system == name] for name in systems}
 
@@ -82,6 +83,7 @@ def write_plots(
         by_index = latency_by_turn_index(r for r in requests if r.system == name)
         if by_index:
             axes.plot(list(by_index), list(by_index.values()), marker="o", markersize=3, label=name)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set(
         xlabel="turn index within the program",
         ylabel="median request latency (s)",
@@ -232,6 +234,7 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         "",
         "- `summary.json`: the figures above",
         "- `records.jsonl`: one line per request and per program, every system and repeat",
+        "- `console.log`: what the command printed",
         "- `logs/`: each system's server log, configuration and final metrics scrape",
         "",
     ]

@@ -95,6 +95,7 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     records_path = run_dir / "records.jsonl"
     records_path.write_text("")
+    log = _also_to_file(log, run_dir / "console.log")
     order = [name for _ in range(options.repeats) for name in options.systems]
     log(f"bench: {plan.description}")
     log(f"bench: {len(order)} system runs ({', '.join(order)}) -> {run_dir}")
@@ -121,6 +122,18 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
     report = write_markdown(run_dir, summary)
     log(f"bench: report at {report}")
     return run_dir
+
+
+def _also_to_file(log: Log, path: Path) -> Log:
+    """The run's console lines, kept next to its results as the raw output."""
+    path.write_text("")
+
+    def log_and_keep(line: str) -> None:
+        log(line)
+        with path.open("a") as console:
+            console.write(line + "\n")
+
+    return log_and_keep
 
 
 def _run_system(

@@ -67,6 +67,8 @@ def test_quick_benchmark_on_the_tiny_model(tmp_path: Path) -> None:
 
     for name in PLOTS.values():
         assert (run_dir / name).read_bytes().startswith(b"\x89PNG")
+    console = (run_dir / "console.log").read_text()
+    assert "bench: stock-vllm ready" in console and "bench: report at" in console
     report = (run_dir / "report.md").read_text()
     for name in DEFAULT_SYSTEMS:
         assert f"| {name} |" in report
