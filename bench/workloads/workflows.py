@@ -111,7 +111,8 @@ class ScriptedRepository:
     def __post_init__(self) -> None:
         self.module = f"{self.rng.choice(('ledger', 'router', 'parser', 'cache'))}_{self.tag}"
         self.files = {
-            f"src/{self.module}.py": self._code_lines(24),
+            # 12 lines keep the 35-turn conversation inside SmolLM2's 8k context.
+            f"src/{self.module}.py": self._code_lines(12),
             f"tests/test_{self.module}.py": self._test_lines(12),
             f"docs/{self.module}.md": [f"# {self.module}", "Notes on the module."],
         }

@@ -9,6 +9,7 @@ import json
 import random
 import statistics
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -324,3 +325,53 @@ def test_every_workload_builds_deterministically(name: str, size: str) -> None:
 def test_unknown_workload_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown workload"):
         plan_workload("nope", "quick")
+
+
+@pytest.fixture(scope="module")
+def smollm2_chat() -> tuple[Any, str]:
+    """SmolLM2's tokenizer and the tool chat template the servers use."""
+    from transformers import AutoTokenizer
+
+    from cluster.config import load_config
+    from cluster.models import EMBEDDED_SCHEME, SMOLLM2, resolve_model
+
+    config = load_config()
+    tokenizer = AutoTokenizer.from_pretrained(
+        resolve_model(EMBEDDED_SCHEME + SMOLLM2, config.cache_dir)
+    )
+    template_path = config.main.chat.resolved_chat_template()
+    assert template_path is not None
+    with open(template_path) as template_file:
+        return tokenizer, template_file.read()
+
+
+@pytest.mark.parametrize("name", ["many-agent", "bugfix-6", "coding-35"])
+@pytest.mark.parametrize("size", SIZES)
+def test_every_conversation_fits_the_planned_context(
+    name: str, size: str, smollm2_chat: tuple[Any, str]
+) -> None:
+    """Each program played to its end with mid-size calls: the whole conversation in
+    the real template and tokenizer, plus the largest token cap, fits max_model_len
+    (it bounds every request of the program, since the conversation only grows)."""
+    tokenizer, template = smollm2_chat
+    plan = plan_workload(name, size)  # type: ignore[arg-type]
+    arguments = json.dumps({"path": "src/module_0001.py", "line": 7, "text": "return x * 2"})
+    longest = 0
+    for program in plan.build(0):
+        for latencies in ("tool_latencies_s", "latencies_s"):
+            if hasattr(program, latencies):
+                setattr(program, latencies, [0.0] * len(getattr(program, latencies)))
+        largest_cap = 0
+        while (request := program.next_request()) is not None:
+            largest_cap = max(largest_cap, request.max_tokens)
+            choice = request.tool_choice
+            tool = choice["function"]["name"] if isinstance(choice, dict) else program.tools[0]
+            if isinstance(tool, dict):
+                tool = tool["function"]["name"]
+            calls = (ToolCall("c", tool, arguments),) if request.expects_tool_call else ()
+            asyncio.run(program.act(request, _reply(*calls, content=None if calls else "Done.")))
+        rendered = tokenizer.apply_chat_template(
+            program.messages, tools=program.tools, chat_template=template, tokenize=False
+        )
+        longest = max(longest, len(tokenizer(rendered)["input_ids"]) + largest_cap)
+    assert 0 < longest <= plan.max_model_len, (longest, plan.max_model_len)
