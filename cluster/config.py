@@ -158,6 +158,68 @@ class ChatConfig(_Strict):
         return str(path if path.is_absolute() else CONFIGS_DIR / path)
 
 
+class PinningConfig(_Strict):
+    """KV pinning between an agent's turns and program-level FCFS (main model)."""
+
+    mode: Literal["off", "fixed", "cost_model"] = Field(
+        default="cost_model",
+        description="`off`: a finished turn's KV is freed as in stock vLLM. `fixed`: "
+        "it stays pinned for `fixed_ttl_s`. `cost_model`: for the TTL the cost model "
+        "chooses from the tool's observed durations, queueing delay and prefill cost.",
+    )
+    program_fcfs: bool = Field(
+        default=True,
+        description="Order waiting requests by their program's first arrival "
+        "(vLLM's priority policy), so returning turns are not starved by new programs.",
+    )
+    fixed_ttl_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="TTL in `fixed` mode, and in `cost_model` mode for a tool with "
+        "fewer than `min_tool_samples` observed durations.",
+    )
+    max_ttl_s: float = Field(default=30.0, gt=0, description="Longest TTL any pin gets.")
+    max_pinned_fraction: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Largest share of the KV cache pins may hold; a pin that would "
+        "exceed it displaces pins of later-arrived programs or is not made.",
+    )
+    min_tool_samples: int = Field(
+        default=5, ge=1, description="Observed durations of a tool before the cost model is used."
+    )
+    sample_window: int = Field(
+        default=256,
+        ge=1,
+        description="Sliding window of tool durations, queueing delays and "
+        "completed-program lengths the cost model learns from.",
+    )
+    default_memoryfulness: float = Field(
+        default=1.0,
+        ge=0,
+        le=1,
+        description="Memoryfulness η assumed until enough programs have completed.",
+    )
+    max_tracked_programs: int = Field(
+        default=10000,
+        ge=1,
+        description="Programs whose first arrival and last turn the engine remembers "
+        "(least recently seen forgotten first).",
+    )
+    prefill_profile_lengths: list[int] = Field(
+        default_factory=lambda: [256, 1024, 2048, 4096],
+        min_length=3,
+        description="Prompt lengths timed at start-up to fit the quadratic prefill-time "
+        "profile (cached per model and engine settings; lengths above "
+        "max_model_len are skipped).",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off" or self.program_fcfs
+
+
 class ModelDeploymentConfig(_Strict):
     """A Ray Serve deployment of model replicas, each running one vLLM engine."""
 
@@ -188,6 +250,21 @@ class ModelDeploymentConfig(_Strict):
         gt=0,
         description="How long `toolserve up` waits for the engine to load.",
     )
+    pinning: PinningConfig = Field(
+        default_factory=PinningConfig,
+        description="KV pinning and program-level FCFS in this deployment's engines.",
+    )
+
+    @model_validator(mode="after")
+    def _pinning_owns_scheduler(self) -> ModelDeploymentConfig:
+        owned = {"scheduler_cls", "scheduling_policy", "additional_config"}
+        clashing = sorted(owned & self.engine.extra_engine_args.keys())
+        if self.pinning.enabled and clashing:
+            raise ValueError(
+                f"pinning sets {clashing} itself; turn pinning off (mode: off, "
+                "program_fcfs: false) to pass them in extra_engine_args"
+            )
+        return self
 
 
 class RedisConfig(_Strict):

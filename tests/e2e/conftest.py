@@ -13,18 +13,6 @@ from cluster.launcher import Endpoints, LocalCluster
 from cluster.net import free_port
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Unit tests first; then end-to-end tests that start their own servers, before
-    the shared cluster starts, so they never share the two cores with it."""
-
-    def phase(item: pytest.Item) -> int:
-        if item.get_closest_marker("e2e") is None:
-            return 0
-        return 2 if "cluster" in getattr(item, "fixturenames", ()) else 1
-
-    items.sort(key=phase)
-
-
 @pytest.fixture(scope="session")
 def cluster_config() -> ToolserveConfig:
     config = load_config()

@@ -1,0 +1,240 @@
+"""Pinning policy: which finished turns keep their KV, for how long, and who lets go.
+
+Pure bookkeeping over opaque block handles and explicit timestamps; the vLLM
+scheduler extension (`scheduler.py`) takes and drops the block references this
+class decides on, so the policy is tested without an engine.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from deployments.pinning.ttl_policy import TtlCostModel
+
+
+class ReleaseReason(enum.StrEnum):
+    NEXT_TURN = "next_turn"
+    EXPIRY = "expiry"
+    PROGRAM_END = "program_end"
+    PRESSURE = "pressure"
+
+
+@dataclass
+class Pin:
+    """A finished turn's KV blocks, referenced until released."""
+
+    program_id: str
+    blocks: list[Any]
+    tokens: int
+    created_at: float
+    expires_at: float
+    program_arrival: float
+    tool: str | None = None
+
+
+@dataclass(frozen=True)
+class LedgerChange:
+    """A pin to publish (expires_at set) or withdraw (expires_at None)."""
+
+    program_id: str
+    expires_at: float | None
+    tokens: int = 0
+    tool: str | None = None
+
+
+@dataclass
+class _Program:
+    first_arrival: float
+    turns: int = 0
+    finished_at: float | None = None
+    tool: str | None = None
+    waiting_since: float | None = None
+    pinned_on_arrival: bool = False
+
+
+@dataclass
+class PinningStats:
+    """Counters since start, and samples since the last `take_stats`."""
+
+    pins_created: int = 0
+    releases: Counter[str] = field(default_factory=Counter)
+    returning_turns: int = 0
+    pin_hits: int = 0
+    reused_prefix_tokens: int = 0
+    pinned_blocks: int = 0
+    pinned_tokens: int = 0
+    chosen_ttls_s: list[float] = field(default_factory=list)
+    tool_durations_s: list[tuple[str, float]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values only: the stats cross a process boundary."""
+        return {
+            name: dict(value) if isinstance(value, Counter) else value
+            for name, value in vars(self).items()
+        }
+
+
+class PinningController:
+    """Decides pins for one engine. Times are seconds on one monotonic clock."""
+
+    def __init__(
+        self,
+        cost_model: TtlCostModel,
+        *,
+        pinning_on: bool,
+        total_blocks: int,
+        max_pinned_fraction: float,
+        max_tracked_programs: int,
+    ):
+        self.cost_model = cost_model
+        self._pinning_on = pinning_on
+        self._max_pinned_blocks = int(total_blocks * max_pinned_fraction)
+        self._max_tracked_programs = max_tracked_programs
+        self._programs: OrderedDict[str, _Program] = OrderedDict()
+        self._pins: dict[str, Pin] = {}
+        self._pinned_blocks = 0
+        self._stats = PinningStats()
+        self._ledger_changes: list[LedgerChange] = []
+
+    @property
+    def pins(self) -> list[Pin]:
+        return list(self._pins.values())
+
+    @property
+    def pinned_blocks(self) -> int:
+        return self._pinned_blocks
+
+    def _program(self, program_id: str, now: float) -> _Program:
+        program = self._programs.get(program_id)
+        if program is None:
+            program = self._programs[program_id] = _Program(first_arrival=now)
+            while len(self._programs) > self._max_tracked_programs:
+                self._programs.popitem(last=False)
+        else:
+            self._programs.move_to_end(program_id)
+        return program
+
+    def on_arrival(self, program_id: str, now: float) -> float:
+        """A turn of the program arrived; returns the program's first arrival."""
+        program = self._program(program_id, now)
+        program.turns += 1
+        if program.finished_at is not None:
+            self._stats.returning_turns += 1
+            if program.tool is not None:
+                duration = now - program.finished_at
+                self.cost_model.observe_tool_duration(program.tool, duration)
+                self._stats.tool_durations_s.append((program.tool, duration))
+            program.waiting_since = now
+            program.pinned_on_arrival = program_id in self._pins
+        return program.first_arrival
+
+    def on_admitted(self, program_id: str, now: float, cached_tokens: int) -> list[Pin]:
+        """The program's turn got its KV blocks; its pin is no longer needed."""
+        program = self._programs.get(program_id)
+        if program is not None and program.waiting_since is not None:
+            if program.pinned_on_arrival and program_id in self._pins:
+                self._stats.pin_hits += 1
+                self._stats.reused_prefix_tokens += cached_tokens
+            elif not program.pinned_on_arrival:
+                self.cost_model.observe_queueing_delay_without_kv(now - program.waiting_since)
+            program.waiting_since = None
+        return self._release(program_id, ReleaseReason.NEXT_TURN)
+
+    def on_finished(
+        self, program_id: str, blocks: list[Any], tokens: int, now: float, last_step: bool
+    ) -> tuple[bool, list[Pin]]:
+        """A turn finished. Returns whether to pin `blocks`, and pins to release first."""
+        program = self._program(program_id, now)
+        program.finished_at = now
+        program.tool = None
+        released = self._release(program_id, ReleaseReason.NEXT_TURN)
+        if last_step:
+            return False, released + self.end_program(program_id)
+        if not self._pinning_on or not blocks:
+            return False, released
+        while self._pinned_blocks + len(blocks) > self._max_pinned_blocks:
+            victim = self.latest_arrived_pin()
+            if victim is None or victim.program_arrival <= program.first_arrival:
+                return False, released
+            released += self._release(victim.program_id, ReleaseReason.PRESSURE)
+        ttl = self.cost_model.ttl(None, tokens)
+        pin = Pin(program_id, blocks, tokens, now, now + ttl, program.first_arrival)
+        self._pins[program_id] = pin
+        self._pinned_blocks += len(blocks)
+        self._stats.pins_created += 1
+        self._ledger_changes.append(LedgerChange(program_id, pin.expires_at, tokens))
+        return True, released
+
+    def on_turn_ended(self, program_id: str, tool: str | None, now: float) -> list[Pin]:
+        """The front end parsed the finished turn: it called `tool`, or ended (None)."""
+        if tool is None:
+            return self.end_program(program_id)
+        program = self._programs.get(program_id)
+        if program is not None:
+            program.tool = tool
+        pin = self._pins.get(program_id)
+        if pin is None:
+            return []
+        pin.tool = tool
+        ttl = self.cost_model.ttl(tool, pin.tokens)
+        self._stats.chosen_ttls_s.append(ttl)
+        pin.expires_at = pin.created_at + ttl
+        if pin.expires_at <= now:
+            return self._release(program_id, ReleaseReason.EXPIRY)
+        self._ledger_changes.append(LedgerChange(program_id, pin.expires_at, pin.tokens, tool))
+        return []
+
+    def end_program(self, program_id: str) -> list[Pin]:
+        program = self._programs.pop(program_id, None)
+        if program is not None and program.turns:
+            self.cost_model.observe_program_completed(program.turns)
+        return self._release(program_id, ReleaseReason.PROGRAM_END)
+
+    def expire(self, now: float) -> list[Pin]:
+        expired = [pin.program_id for pin in self._pins.values() if pin.expires_at <= now]
+        return [
+            pin for program_id in expired for pin in self._release(program_id, ReleaseReason.EXPIRY)
+        ]
+
+    def latest_arrived_pin(self) -> Pin | None:
+        return max(self._pins.values(), key=lambda pin: pin.program_arrival, default=None)
+
+    def relieve_pressure(self) -> list[Pin]:
+        """Release the pin of the latest-arrived program (memory is short)."""
+        victim = self.latest_arrived_pin()
+        if victim is None:
+            return []
+        return self._release(victim.program_id, ReleaseReason.PRESSURE)
+
+    def release_all(self, reason: ReleaseReason = ReleaseReason.PROGRAM_END) -> list[Pin]:
+        return [pin for program_id in list(self._pins) for pin in self._release(program_id, reason)]
+
+    def _release(self, program_id: str, reason: ReleaseReason) -> list[Pin]:
+        pin = self._pins.pop(program_id, None)
+        if pin is None:
+            return []
+        self._pinned_blocks -= len(pin.blocks)
+        self._stats.releases[reason.value] += 1
+        self._ledger_changes.append(LedgerChange(program_id, None))
+        return [pin]
+
+    def take_stats(self) -> PinningStats:
+        """Counters so far, with the samples gathered since the previous call."""
+        stats = self._stats
+        stats.pinned_blocks = self._pinned_blocks
+        stats.pinned_tokens = sum(pin.tokens for pin in self._pins.values())
+        self._stats = PinningStats(
+            pins_created=stats.pins_created,
+            releases=Counter(stats.releases),
+            returning_turns=stats.returning_turns,
+            pin_hits=stats.pin_hits,
+            reused_prefix_tokens=stats.reused_prefix_tokens,
+        )
+        return stats
+
+    def take_ledger_changes(self) -> list[LedgerChange]:
+        changes, self._ledger_changes = self._ledger_changes, []
+        return changes

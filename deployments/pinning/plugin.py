@@ -1,0 +1,23 @@
+"""vLLM general plugin (entry point `vllm.general_plugins`): lets a replica reach
+the pinning scheduler inside the EngineCore process through vLLM's utility calls
+(`engine_core.call_utility_async("toolserve_pinning_control", operation, arguments)`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+UTILITY_METHOD = "toolserve_pinning_control"
+
+
+def _pinning_control(engine_core: Any, operation: str, arguments: list[Any]) -> Any:
+    control = getattr(engine_core.scheduler, "pinning_control", None)
+    if control is None:
+        raise RuntimeError("this engine does not run toolserve's pinning scheduler")
+    return control(operation, arguments)
+
+
+def register() -> None:
+    from vllm.v1.engine.core import EngineCore
+
+    if not hasattr(EngineCore, UTILITY_METHOD):
+        setattr(EngineCore, UTILITY_METHOD, _pinning_control)

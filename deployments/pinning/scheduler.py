@@ -1,0 +1,167 @@
+"""vLLM scheduler extension: keeps a finished turn's hashed KV blocks referenced
+while the program's tool runs, and orders waiting requests by program arrival.
+
+Loaded by name inside the EngineCore process (`scheduler_cls`); the policy lives
+in `PinningController`, this module only takes and drops block references.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request, RequestStatus
+
+from deployments.pinning.controller import Pin, PinningController
+from deployments.pinning.ledger import LedgerPublisher
+from deployments.pinning.settings import LAST_STEP_ARG, EnginePinningSettings
+from deployments.pinning.ttl_policy import PrefillProfile, TtlCostModel
+
+logger = logging.getLogger("toolserve.pinning.scheduler")
+
+_PINNABLE = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED})
+
+
+class PinningSchedulerMixin:
+    """Mixed in before vLLM's Scheduler or AsyncScheduler."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        base: Scheduler = self
+        settings = EnginePinningSettings.from_additional_config(base.vllm_config.additional_config)
+        if settings is None:
+            raise ValueError("the pinning scheduler needs toolserve_pinning in additional_config")
+        self._settings = settings
+        self._block_pool = base.kv_cache_manager.block_pool
+        self._pinning = PinningController(
+            TtlCostModel(
+                fixed_ttl_s=settings.fixed_ttl_s,
+                max_ttl_s=settings.max_ttl_s,
+                min_tool_samples=settings.min_tool_samples,
+                sample_window=settings.sample_window,
+                default_memoryfulness=settings.default_memoryfulness,
+                use_cost_model=settings.mode == "cost_model",
+            ),
+            pinning_on=settings.mode != "off",
+            total_blocks=self._block_pool.num_gpu_blocks,
+            max_pinned_fraction=settings.max_pinned_fraction,
+            max_tracked_programs=settings.max_tracked_programs,
+        )
+        self._awaiting_admission: dict[str, str] = {}
+        self._ledger = (
+            LedgerPublisher(settings.redis_url, settings.replica_id)
+            if settings.redis_url and settings.mode != "off"
+            else None
+        )
+
+    def add_request(self, request: Request) -> None:
+        base: Scheduler = self
+        program_id = request.session_id
+        if program_id and request.request_id not in base.requests:
+            first_arrival = self._pinning.on_arrival(program_id, time.time())
+            if self._settings.program_fcfs:
+                request.arrival_time = first_arrival
+            self._awaiting_admission[request.request_id] = program_id
+        super().add_request(request)  # type: ignore[misc]
+
+    def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        base: Scheduler = self
+        now = time.time()
+        self._release(self._pinning.expire(now))
+        # Running requests need a fresh block now and then; pins must not make them
+        # preempt each other.
+        while self._pinning.pins and self._block_pool.get_num_free_blocks() < len(base.running):
+            self._release(self._pinning.relieve_pressure())
+        output: SchedulerOutput = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        for new_request in output.scheduled_new_reqs:
+            program_id = self._awaiting_admission.pop(new_request.req_id, None)
+            if program_id is not None:
+                request = base.requests[new_request.req_id]
+                prefill = request.prefill_stats
+                cached = prefill.num_local_cached_tokens if prefill is not None else 0
+                self._release(self._pinning.on_admitted(program_id, now, cached))
+        if output.preempted_req_ids:
+            self._release(self._pinning.relieve_pressure())
+        if output.total_num_scheduled_tokens == 0 and base.waiting:
+            self._make_room_for(base.waiting.peek_request())
+        self._publish()
+        return output
+
+    def _make_room_for(self, request: Request) -> None:
+        """Nothing could run: unpin the latest-arrived programs until the head fits."""
+        base: Scheduler = self
+        needed = math.ceil((request.num_tokens + 1) / base.block_size)
+        while self._pinning.pins and self._block_pool.get_num_free_blocks() < needed:
+            self._release(self._pinning.relieve_pressure())
+
+    def _free_blocks(self, request: Request) -> None:
+        base: Scheduler = self
+        self._awaiting_admission.pop(request.request_id, None)
+        program_id = request.session_id
+        if program_id and request.status in _PINNABLE:
+            blocks = [
+                block
+                for group in base.kv_cache_manager.get_blocks(request.request_id).blocks
+                for block in group
+                if block.block_hash is not None and not block.is_null
+            ]
+            extra_args = request.sampling_params.extra_args if request.sampling_params else None
+            last_step = bool(extra_args and extra_args.get(LAST_STEP_ARG))
+            pin_now, released = self._pinning.on_finished(
+                program_id, blocks, request.num_tokens, time.time(), last_step
+            )
+            self._release(released)
+            if pin_now:
+                self._block_pool.touch(blocks)
+        super()._free_blocks(request)  # type: ignore[misc]
+
+    def _release(self, pins: list[Pin]) -> None:
+        for pin in pins:
+            # Tail blocks first, so the cache evicts a context from its end.
+            self._block_pool.free_blocks(reversed(pin.blocks))
+
+    def _publish(self) -> None:
+        changes = self._pinning.take_ledger_changes()
+        if self._ledger is not None:
+            self._ledger.publish(changes)
+
+    def pinning_control(self, operation: str, arguments: list[Any]) -> Any:
+        """Calls from the replica (through EngineCore, see plugin.py)."""
+        now = time.time()
+        if operation == "turn_ended":
+            program_id, tool = arguments
+            self._release(self._pinning.on_turn_ended(program_id, tool, now))
+        elif operation == "end_program":
+            (program_id,) = arguments
+            self._release(self._pinning.end_program(program_id))
+        elif operation == "set_prefill_profile":
+            self._pinning.cost_model.prefill_profile = PrefillProfile(*arguments)
+        elif operation == "stats":
+            stats = self._pinning.take_stats().as_dict()
+            stats["free_blocks"] = self._block_pool.get_num_free_blocks()
+            stats["total_blocks"] = self._block_pool.num_gpu_blocks
+            return stats
+        else:
+            raise ValueError(f"unknown pinning operation {operation!r}")
+        self._publish()
+        return None
+
+    def shutdown(self) -> None:
+        self._release(self._pinning.release_all())
+        self._publish()
+        if self._ledger is not None:
+            self._ledger.close()
+        super().shutdown()  # type: ignore[misc]
+
+
+class PinningScheduler(PinningSchedulerMixin, Scheduler):  # type: ignore[misc]
+    pass
+
+
+class PinningAsyncScheduler(PinningSchedulerMixin, AsyncScheduler):  # type: ignore[misc]
+    pass

@@ -1,0 +1,137 @@
+"""How long to keep a program's KV pinned while its tool runs (Continuum's cost model).
+
+    τ* = argmax_τ  P(τ, f) · (T · η + PrefillReload(r)) - τ
+
+P(τ, f) is the empirical CDF of tool f's observed durations: the chance the
+program is back within τ. The bracket is what a return within the TTL saves: the
+queueing delay T a request pays when it lost its KV, scaled by how predictable
+the remaining work of programs is (η), plus re-prefilling the r-token context.
+τ costs the KV others could have used meanwhile, one second per second.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PrefillProfile:
+    """Prefill seconds of a context of n tokens: a·n² + b·n + c."""
+
+    a: float
+    b: float
+    c: float
+
+    @classmethod
+    def fit(cls, lengths: Sequence[int], seconds: Sequence[float]) -> PrefillProfile:
+        if len(lengths) != len(seconds) or len(lengths) < 3:
+            raise ValueError("a quadratic profile needs at least three (length, seconds) pairs")
+        a, b, c = np.polyfit(np.asarray(lengths, float), np.asarray(seconds, float), 2)
+        return cls(float(a), float(b), float(c))
+
+    def seconds(self, tokens: int) -> float:
+        return max(0.0, self.a * tokens * tokens + self.b * tokens + self.c)
+
+
+def empirical_cdf(samples: Sequence[float], value: float) -> float:
+    """Share of samples at or below value."""
+    if not samples:
+        return 0.0
+    return sum(1 for sample in samples if sample <= value) / len(samples)
+
+
+def best_ttl(durations: Sequence[float], benefit_s: float, max_ttl_s: float) -> float:
+    """The τ in {0} and the observed durations (up to max_ttl_s) maximising P(τ)·benefit - τ.
+
+    The objective only rises at observed durations and falls in between, so the
+    optimum is one of them or 0; ties go to the shorter TTL.
+    """
+    best, best_value = 0.0, 0.0
+    for candidate in sorted(set(durations)):
+        if candidate > max_ttl_s:
+            break
+        value = empirical_cdf(durations, candidate) * benefit_s - candidate
+        if value > best_value:
+            best, best_value = candidate, value
+    return best
+
+
+def memoryfulness(program_turns: Sequence[int]) -> float | None:
+    """η = -Corr(k, N-k) over turns k = 1..N-1 of completed N-turn programs.
+
+    1 when every program has the same length (turns done predict turns left),
+    near 0 when lengths are memoryless; None when undefined (too few pairs or no
+    variance), clipped to [0, 1].
+    """
+    done: list[int] = []
+    left: list[int] = []
+    for turns in program_turns:
+        for k in range(1, turns):
+            done.append(k)
+            left.append(turns - k)
+    if len(done) < 2 or len(set(done)) < 2 or len(set(left)) < 2:
+        return None
+    correlation = statistics.correlation(done, left)
+    return min(1.0, max(0.0, -correlation))
+
+
+class TtlCostModel:
+    """Learns from traffic and answers `ttl(tool, context_tokens)`."""
+
+    def __init__(
+        self,
+        *,
+        fixed_ttl_s: float,
+        max_ttl_s: float,
+        min_tool_samples: int,
+        sample_window: int,
+        default_memoryfulness: float,
+        use_cost_model: bool = True,
+    ):
+        self._fixed_ttl_s = min(fixed_ttl_s, max_ttl_s)
+        self._max_ttl_s = max_ttl_s
+        self._min_tool_samples = min_tool_samples
+        self._use_cost_model = use_cost_model
+        self._default_memoryfulness = default_memoryfulness
+        self._tool_durations: defaultdict[str, deque[float]] = defaultdict(
+            lambda: deque(maxlen=sample_window)
+        )
+        self._queueing_delays: deque[float] = deque(maxlen=sample_window)
+        self._program_turns: deque[int] = deque(maxlen=sample_window)
+        self.prefill_profile: PrefillProfile | None = None
+
+    def observe_tool_duration(self, tool: str, seconds: float) -> None:
+        self._tool_durations[tool].append(max(0.0, seconds))
+
+    def observe_queueing_delay_without_kv(self, seconds: float) -> None:
+        self._queueing_delays.append(max(0.0, seconds))
+
+    def observe_program_completed(self, turns: int) -> None:
+        self._program_turns.append(turns)
+
+    @property
+    def mean_queueing_delay_s(self) -> float:
+        return statistics.fmean(self._queueing_delays) if self._queueing_delays else 0.0
+
+    @property
+    def memoryfulness(self) -> float:
+        measured = memoryfulness(self._program_turns)
+        return self._default_memoryfulness if measured is None else measured
+
+    def prefill_reload_s(self, context_tokens: int) -> float:
+        profile = self.prefill_profile
+        return profile.seconds(context_tokens) if profile is not None else 0.0
+
+    def ttl(self, tool: str | None, context_tokens: int) -> float:
+        durations = self._tool_durations.get(tool) if tool is not None else None
+        if not self._use_cost_model or durations is None or len(durations) < self._min_tool_samples:
+            return self._fixed_ttl_s
+        benefit = self.mean_queueing_delay_s * self.memoryfulness + self.prefill_reload_s(
+            context_tokens
+        )
+        return best_ttl(list(durations), benefit, self._max_ttl_s)

@@ -1,0 +1,300 @@
+"""KV pinning in a real vLLM engine (CPU backend, tiny random model) whose KV cache
+holds 64 blocks of 64 tokens, so other programs' traffic really evicts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster.config import EngineConfig
+from cluster.models import EMBEDDED_SCHEME, TINY_RANDOM_LLAMA, resolve_model
+from cluster.store import TtlLedger
+from deployments.pinning.plugin import UTILITY_METHOD
+from deployments.pinning.settings import LAST_STEP_ARG, EnginePinningSettings, create_engine_config
+
+pytestmark = pytest.mark.engine
+
+BLOCK = 64
+KV_BLOCKS = 64
+VOCAB_LOW, VOCAB_HIGH = 100, 40_000
+
+
+def engine_config() -> EngineConfig:
+    return EngineConfig(
+        model=EMBEDDED_SCHEME + TINY_RANDOM_LLAMA,
+        served_model_name="tiny",
+        dtype="float32",
+        max_model_len=3584,
+        block_size=BLOCK,
+        enforce_eager=True,
+        kv_cache_memory_bytes=KV_BLOCKS * BLOCK * 1024,  # 1 KiB of KV per token
+        max_num_seqs=8,
+    )
+
+
+class Engine:
+    def __init__(self, engine: Any):
+        self.engine = engine
+
+    async def turn(
+        self,
+        prompt: list[int],
+        program_id: str | None,
+        max_tokens: int = 8,
+        last_step: bool = False,
+    ) -> tuple[list[int], int]:
+        """Runs one turn; returns its whole context (prompt + output) and cached tokens."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            temperature=0,
+            extra_args={LAST_STEP_ARG: 1} if last_step else None,
+        )
+        final = None
+        async for output in self.engine.generate(
+            {"prompt_token_ids": prompt},
+            params,
+            request_id=uuid.uuid4().hex,
+            session_id=program_id,
+        ):
+            final = output
+        assert final is not None and final.finished
+        context = prompt + list(final.outputs[0].token_ids)
+        return context, final.num_cached_tokens or 0
+
+    async def control(self, operation: str, *arguments: Any) -> Any:
+        return await self.engine.engine_core.call_utility_async(
+            UTILITY_METHOD, operation, list(arguments)
+        )
+
+
+def tokens(count: int, seed: int) -> list[int]:
+    generator = random.Random(seed)
+    return [generator.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(count)]
+
+
+async def flood(engine: Engine, seed: int, requests: int = 6) -> None:
+    """Other agents' one-off requests: together far more KV than the cache holds."""
+    for index in range(requests):
+        await engine.turn(tokens(1536, seed * 100 + index), program_id=None)
+
+
+@pytest.fixture(scope="module")
+def event_loop_runner() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    # Engines leave their output handlers pending; end them before the loop closes.
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.close()
+
+
+def start_engine(
+    loop: asyncio.AbstractEventLoop, cache_dir: Path, pinning: EnginePinningSettings | None
+) -> Engine:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    model = resolve_model(EMBEDDED_SCHEME + TINY_RANDOM_LLAMA, cache_dir)
+    _, vllm_config = create_engine_config(
+        engine_config().engine_kwargs(model), pinning, disable_log_stats=True
+    )
+
+    async def create() -> Any:
+        return AsyncLLM.from_vllm_config(vllm_config)
+
+    return Engine(loop.run_until_complete(create()))
+
+
+@pytest.fixture(scope="module")
+def cache_dir() -> Path:
+    return Path(os.environ.get("TOOLSERVE_CACHE_DIR", Path.home() / ".cache" / "toolserve"))
+
+
+@pytest.fixture(scope="module")
+def replica_id() -> str:
+    return f"engine-test-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def pinned_engine(
+    event_loop_runner: asyncio.AbstractEventLoop, cache_dir: Path, redis_url: str, replica_id: str
+) -> Iterator[Engine]:
+    settings = EnginePinningSettings(
+        mode="fixed",
+        fixed_ttl_s=60,
+        max_ttl_s=60,
+        max_pinned_fraction=0.5,
+        replica_id=replica_id,
+        redis_url=redis_url,
+    )
+    engine = start_engine(event_loop_runner, cache_dir, settings)
+    yield engine
+    engine.engine.shutdown()
+
+
+def run(loop: asyncio.AbstractEventLoop, awaitable: Any) -> Any:
+    return loop.run_until_complete(awaitable)
+
+
+def test_pinned_turn_survives_other_traffic(
+    pinned_engine: Engine,
+    event_loop_runner: asyncio.AbstractEventLoop,
+    redis_url: str,
+    replica_id: str,
+) -> None:
+    program = f"agent-{uuid.uuid4().hex[:8]}"
+
+    async def scenario() -> tuple[list[int], int]:
+        context, _ = await pinned_engine.turn(tokens(1024, 1), program)
+        await pinned_engine.control("turn_ended", program, "run_tests")
+        await flood(pinned_engine, seed=2)
+        _, cached = await pinned_engine.turn(context + tokens(64, 3), program)
+        return context, cached
+
+    ledger = TtlLedger(redis_url)
+    context, cached = run(event_loop_runner, scenario())
+    assert cached >= 0.9 * len(context), (cached, len(context))
+    stats = run(event_loop_runner, pinned_engine.control("stats"))
+    assert stats["pin_hits"] >= 1
+    assert stats["releases"].get("next_turn", 0) >= 1
+    # The second turn is pinned in turn; the ledger shows it with this replica.
+    deadline = time.time() + 5
+    while (entry := ledger.lookup(program)) is None and time.time() < deadline:
+        time.sleep(0.1)
+    assert entry is not None and entry.replica_id == replica_id
+    run(event_loop_runner, pinned_engine.control("end_program", program))
+    deadline = time.time() + 5
+    while ledger.lookup(program) is not None and time.time() < deadline:
+        time.sleep(0.1)
+    assert ledger.lookup(program) is None
+    ledger.close()
+
+
+def test_a_large_request_completes_by_unpinning(
+    pinned_engine: Engine, event_loop_runner: asyncio.AbstractEventLoop
+) -> None:
+    programs = [f"agent-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+
+    async def scenario() -> int:
+        for seed, program in enumerate(programs, start=10):
+            await pinned_engine.turn(tokens(640, seed), program)  # 11 blocks each
+            await pinned_engine.control("turn_ended", program, "read_file")
+        # 3300 tokens = 52 blocks: only fits once most pins are gone.
+        context, _ = await asyncio.wait_for(
+            pinned_engine.turn(tokens(3300, 20), None, max_tokens=4), timeout=120
+        )
+        return len(context)
+
+    before = run(event_loop_runner, pinned_engine.control("stats"))
+    assert run(event_loop_runner, scenario()) == 3304
+    after = run(event_loop_runner, pinned_engine.control("stats"))
+    assert after["releases"].get("pressure", 0) > before["releases"].get("pressure", 0)
+    for program in programs:
+        run(event_loop_runner, pinned_engine.control("end_program", program))
+
+
+def test_last_step_pins_nothing(
+    pinned_engine: Engine, event_loop_runner: asyncio.AbstractEventLoop
+) -> None:
+    before = run(event_loop_runner, pinned_engine.control("stats"))["pins_created"]
+    run(event_loop_runner, pinned_engine.turn(tokens(256, 30), "agent-last", last_step=True))
+    assert run(event_loop_runner, pinned_engine.control("stats"))["pins_created"] == before
+
+
+def test_no_blocks_leak_after_many_programs(
+    pinned_engine: Engine, event_loop_runner: asyncio.AbstractEventLoop
+) -> None:
+    async def program(index: int) -> None:
+        program_id = f"leak-{index}-{uuid.uuid4().hex[:6]}"
+        context, _ = await pinned_engine.turn(tokens(300, 100 + index), program_id)
+        await pinned_engine.control("turn_ended", program_id, "tool")
+        ending = index % 3
+        if ending == 0:  # the program's last step carries the hint
+            await pinned_engine.turn(context + tokens(20, 200 + index), program_id, last_step=True)
+        elif ending == 1:  # the final answer has no tool call
+            await pinned_engine.turn(context + tokens(20, 200 + index), program_id)
+            await pinned_engine.control("turn_ended", program_id, None)
+        else:  # the client closes the session
+            await pinned_engine.control("end_program", program_id)
+
+    async def all_programs() -> None:
+        await asyncio.gather(*(program(index) for index in range(24)))
+
+    start = run(event_loop_runner, pinned_engine.control("stats"))
+    run(event_loop_runner, all_programs())
+    end = run(event_loop_runner, pinned_engine.control("stats"))
+    assert end["pins_created"] >= start["pins_created"] + 24
+    assert end["pinned_blocks"] == start["pinned_blocks"]
+    assert end["free_blocks"] == start["free_blocks"]
+
+
+def test_returning_turns_overtake_newer_programs(
+    pinned_engine: Engine, event_loop_runner: asyncio.AbstractEventLoop
+) -> None:
+    finish_order: list[str] = []
+
+    async def tracked(
+        name: str, prompt: list[int], program: str | None, delay: float, max_tokens: int
+    ) -> None:
+        await asyncio.sleep(delay)
+        await pinned_engine.turn(prompt, program, max_tokens=max_tokens)
+        finish_order.append(name)
+
+    async def scenario() -> None:
+        old = f"old-{uuid.uuid4().hex[:6]}"
+        context, _ = await pinned_engine.turn(tokens(128, 40), old)
+        await pinned_engine.control("turn_ended", old, "tool")
+        # Eight requests of different lengths fill every slot and then free them one
+        # at a time; newer programs queue up first, the old program's turn last.
+        blockers = [
+            tracked(f"blocker{index}", tokens(64, 50 + index), None, 0, 60 + 30 * index)
+            for index in range(8)
+        ]
+        newcomers = [
+            tracked(f"new{index}", tokens(64, 60 + index), f"new-{index}-{old}", 0.3, 4)
+            for index in range(3)
+        ]
+        returning = tracked("old", context + tokens(16, 70), old, 0.6, 4)
+        await asyncio.gather(*blockers, *newcomers, returning)
+        for program in [old, *(f"new-{index}-{old}" for index in range(3))]:
+            await pinned_engine.control("end_program", program)
+
+    run(event_loop_runner, scenario())
+    order = [name for name in finish_order if not name.startswith("blocker")]
+    assert order[0] == "old", finish_order
+
+
+@pytest.fixture(scope="module")
+def stock_engine(
+    event_loop_runner: asyncio.AbstractEventLoop, cache_dir: Path, pinned_engine: Engine
+) -> Iterator[Engine]:
+    pinned_engine.engine.shutdown()
+    engine = start_engine(event_loop_runner, cache_dir, None)
+    yield engine
+    engine.engine.shutdown()
+
+
+def test_without_pinning_the_same_turn_is_evicted(
+    stock_engine: Engine, event_loop_runner: asyncio.AbstractEventLoop
+) -> None:
+    async def scenario() -> tuple[list[int], int]:
+        context, _ = await stock_engine.turn(tokens(1024, 1), "agent-stock")
+        await flood(stock_engine, seed=2)
+        _, cached = await stock_engine.turn(context + tokens(64, 3), "agent-stock")
+        return context, cached
+
+    context, cached = run(event_loop_runner, scenario())
+    assert cached < 0.1 * len(context), (cached, len(context))

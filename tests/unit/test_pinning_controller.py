@@ -1,0 +1,190 @@
+from deployments.pinning.controller import LedgerChange, PinningController
+from deployments.pinning.ttl_policy import TtlCostModel
+
+
+def controller(
+    *, pinning_on: bool = True, total_blocks: int = 100, max_pinned_fraction: float = 0.5
+) -> PinningController:
+    return PinningController(
+        TtlCostModel(
+            fixed_ttl_s=2.0,
+            max_ttl_s=30.0,
+            min_tool_samples=2,
+            sample_window=50,
+            default_memoryfulness=1.0,
+        ),
+        pinning_on=pinning_on,
+        total_blocks=total_blocks,
+        max_pinned_fraction=max_pinned_fraction,
+        max_tracked_programs=100,
+    )
+
+
+def blocks(count: int, tag: str = "b") -> list[str]:
+    return [f"{tag}{index}" for index in range(count)]
+
+
+def finish_turn(
+    pins: PinningController, program: str, now: float, count: int = 4, tool: str | None = "ls"
+) -> bool:
+    pinned, _ = pins.on_finished(program, blocks(count, program), count * 64, now, False)
+    pins.on_turn_ended(program, tool, now)
+    return pinned
+
+
+def test_returning_turn_finds_its_pin_and_releases_it_on_admission() -> None:
+    pins = controller()
+    assert pins.on_arrival("a", 0.0) == 0.0
+    assert finish_turn(pins, "a", 1.0)
+    assert pins.pinned_blocks == 4
+    assert pins.on_arrival("a", 1.5) == 0.0
+    released = pins.on_admitted("a", 1.6, cached_tokens=256)
+    assert [pin.program_id for pin in released] == ["a"]
+    assert pins.pinned_blocks == 0
+    stats = pins.take_stats()
+    assert (stats.pins_created, stats.pin_hits, stats.returning_turns) == (1, 1, 1)
+    assert stats.reused_prefix_tokens == 256
+    assert stats.releases == {"next_turn": 1}
+    assert stats.tool_durations_s == [("ls", 0.5)]
+    assert stats.chosen_ttls_s == [2.0]
+
+
+def test_pin_expires_at_its_ttl() -> None:
+    pins = controller()
+    pins.on_arrival("a", 0.0)
+    finish_turn(pins, "a", 1.0)
+    assert pins.expire(2.9) == []
+    assert [pin.program_id for pin in pins.expire(3.0)] == ["a"]
+    assert pins.take_stats().releases == {"expiry": 1}
+
+
+def test_turn_without_tool_call_ends_the_program() -> None:
+    pins = controller()
+    pins.on_arrival("a", 0.0)
+    pinned, _ = pins.on_finished("a", blocks(4), 256, 1.0, False)
+    assert pinned
+    assert len(pins.on_turn_ended("a", None, 1.0)) == 1
+    assert pins.pins == []
+    assert pins.take_stats().releases == {"program_end": 1}
+
+
+def test_last_step_is_never_pinned() -> None:
+    pins = controller()
+    pins.on_arrival("a", 0.0)
+    pinned, released = pins.on_finished("a", blocks(4), 256, 1.0, last_step=True)
+    assert not pinned and released == []
+    assert pins.pinned_blocks == 0
+
+
+def test_pinning_off_pins_nothing_but_still_learns_arrivals() -> None:
+    pins = controller(pinning_on=False)
+    assert pins.on_arrival("a", 5.0) == 5.0
+    assert not finish_turn(pins, "a", 6.0)
+    assert pins.on_arrival("a", 7.0) == 5.0
+
+
+def test_program_fcfs_keeps_the_first_arrival() -> None:
+    pins = controller()
+    pins.on_arrival("old", 1.0)
+    pins.on_arrival("new", 2.0)
+    finish_turn(pins, "old", 3.0)
+    assert pins.on_arrival("old", 4.0) == 1.0
+
+
+def test_pressure_releases_the_latest_arrived_program_first() -> None:
+    pins = controller()
+    for arrival, program in enumerate(["first", "second", "third"]):
+        pins.on_arrival(program, float(arrival))
+    for program in ["third", "first", "second"]:
+        finish_turn(pins, program, 10.0)
+    assert [pin.program_id for pin in pins.relieve_pressure()] == ["third"]
+    assert [pin.program_id for pin in pins.relieve_pressure()] == ["second"]
+    assert pins.take_stats().releases == {"pressure": 2}
+
+
+def test_cap_displaces_later_programs_and_refuses_when_only_earlier_ones_pin() -> None:
+    pins = controller(total_blocks=20, max_pinned_fraction=0.5)  # 10 blocks for pins
+    pins.on_arrival("early", 0.0)
+    pins.on_arrival("late", 1.0)
+    pins.on_arrival("later", 2.0)
+    assert finish_turn(pins, "late", 3.0, count=6)
+    pinned, released = pins.on_finished("early", blocks(6, "e"), 384, 4.0, False)
+    assert pinned and [pin.program_id for pin in released] == ["late"]
+    pinned, released = pins.on_finished("later", blocks(6, "l"), 384, 5.0, False)
+    assert not pinned and released == []
+    assert pins.pinned_blocks == 6
+
+
+def test_cost_model_ttl_after_enough_tool_samples() -> None:
+    pins = controller()
+    pins.on_arrival("a", 0.0)
+    for turn in range(3):
+        finish_turn(pins, "a", 10.0 * turn, tool="build")
+        pins.on_arrival("a", 10.0 * turn + 5.0)
+        pins.on_admitted("a", 10.0 * turn + 5.0, 0)
+    pins.cost_model.observe_queueing_delay_without_kv(20.0)
+    finish_turn(pins, "a", 100.0, tool="build")
+    # Every build took 5 s and a return saves 20 s: pin for exactly 5 s.
+    assert pins.pins[0].expires_at == 105.0
+
+
+def test_queueing_delay_is_learned_from_returning_turns_that_lost_their_kv() -> None:
+    pins = controller()
+    pins.on_arrival("a", 0.0)
+    finish_turn(pins, "a", 1.0)
+    pins.expire(10.0)
+    pins.on_arrival("a", 11.0)
+    pins.on_admitted("a", 14.0, 0)
+    assert pins.cost_model.mean_queueing_delay_s == 3.0
+    assert pins.take_stats().pin_hits == 0
+
+
+def test_program_end_records_its_length_for_memoryfulness() -> None:
+    pins = controller()
+    for program, turns in [("a", 3), ("b", 5)]:
+        for _ in range(turns):
+            pins.on_arrival(program, 0.0)
+        pins.end_program(program)
+    assert pins.cost_model.memoryfulness < 1.0
+
+
+def test_ledger_sees_every_pin_and_its_release() -> None:
+    pins = controller()
+    pins.on_arrival("a", 0.0)
+    finish_turn(pins, "a", 1.0)
+    pins.end_program("a")
+    assert pins.take_ledger_changes() == [
+        LedgerChange("a", 3.0, 256),
+        LedgerChange("a", 3.0, 256, "ls"),
+        LedgerChange("a", None),
+    ]
+    assert pins.take_ledger_changes() == []
+
+
+def test_release_all_leaves_nothing_pinned() -> None:
+    pins = controller()
+    for program in "abc":
+        pins.on_arrival(program, 0.0)
+        finish_turn(pins, program, 1.0)
+    assert len(pins.release_all()) == 3
+    assert pins.pinned_blocks == 0 and pins.pins == []
+
+
+def test_tracked_programs_are_bounded() -> None:
+    pins = PinningController(
+        TtlCostModel(
+            fixed_ttl_s=2,
+            max_ttl_s=30,
+            min_tool_samples=2,
+            sample_window=5,
+            default_memoryfulness=1,
+        ),
+        pinning_on=True,
+        total_blocks=100,
+        max_pinned_fraction=0.5,
+        max_tracked_programs=3,
+    )
+    for index in range(10):
+        pins.on_arrival(f"p{index}", float(index))
+    assert pins.on_arrival("p0", 20.0) == 20.0
+    assert pins.on_arrival("p9", 21.0) == 9.0

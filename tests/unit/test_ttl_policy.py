@@ -1,0 +1,139 @@
+import math
+
+import pytest
+
+from deployments.pinning.ttl_policy import (
+    PrefillProfile,
+    TtlCostModel,
+    best_ttl,
+    empirical_cdf,
+    memoryfulness,
+)
+
+
+def model(**overrides: float) -> TtlCostModel:
+    settings = {
+        "fixed_ttl_s": 2.0,
+        "max_ttl_s": 30.0,
+        "min_tool_samples": 3,
+        "sample_window": 100,
+        "default_memoryfulness": 1.0,
+    } | overrides
+    return TtlCostModel(**settings)  # type: ignore[arg-type]
+
+
+def test_empirical_cdf() -> None:
+    samples = [1.0, 2.0, 2.0, 4.0]
+    assert empirical_cdf(samples, 0.5) == 0
+    assert empirical_cdf(samples, 2.0) == 0.75
+    assert empirical_cdf(samples, 10) == 1
+    assert empirical_cdf([], 1.0) == 0
+
+
+def test_best_ttl_covers_the_fast_mode_when_the_slow_one_costs_more_than_it_saves() -> None:
+    # Half the calls return in 1 s, half in 20 s; a return saves 10 s.
+    # τ=1: 0.5*10-1 = 4; τ=20: 1*10-20 = -10; τ=0: 0.
+    durations = [1.0] * 5 + [20.0] * 5
+    assert best_ttl(durations, benefit_s=10, max_ttl_s=60) == 1.0
+
+
+def test_best_ttl_waits_for_the_slow_mode_when_the_benefit_is_large() -> None:
+    # τ=1: 0.5*100-1 = 49; τ=20: 100-20 = 80.
+    durations = [1.0] * 5 + [20.0] * 5
+    assert best_ttl(durations, benefit_s=100, max_ttl_s=60) == 20.0
+
+
+def test_best_ttl_is_capped() -> None:
+    durations = [1.0] * 5 + [20.0] * 5
+    assert best_ttl(durations, benefit_s=100, max_ttl_s=10) == 1.0
+
+
+def test_best_ttl_is_zero_when_every_tool_is_slower_than_its_benefit() -> None:
+    assert best_ttl([5.0, 6.0, 7.0], benefit_s=4, max_ttl_s=60) == 0.0
+
+
+def test_best_ttl_without_samples_is_zero() -> None:
+    assert best_ttl([], benefit_s=100, max_ttl_s=60) == 0.0
+
+
+def test_memoryfulness_of_equal_length_programs_is_one() -> None:
+    assert memoryfulness([5, 5, 5, 5]) == pytest.approx(1.0)
+
+
+# Lengths with a geometric distribution: turns done say nothing about turns left.
+MEMORYLESS_PROGRAMS = [n for n in range(2, 14) for _ in range(2 ** (13 - n))]
+
+
+def test_memoryfulness_of_geometric_lengths_is_near_zero() -> None:
+    assert memoryfulness(MEMORYLESS_PROGRAMS) == pytest.approx(0.0, abs=0.05)
+    assert memoryfulness([10, 11, 10, 12]) == pytest.approx(0.96, abs=0.01)
+
+
+def test_memoryfulness_undefined_without_enough_turns() -> None:
+    assert memoryfulness([]) is None
+    assert memoryfulness([1, 1, 1]) is None
+    assert memoryfulness([2]) is None
+
+
+def test_prefill_profile_fits_a_quadratic() -> None:
+    lengths = [256, 1024, 2048, 4096]
+    seconds = [1e-7 * n * n + 1e-3 * n + 0.05 for n in lengths]
+    profile = PrefillProfile.fit(lengths, seconds)
+    assert profile.seconds(3000) == pytest.approx(1e-7 * 9e6 + 3 + 0.05, rel=1e-6)
+    assert profile.seconds(0) == pytest.approx(0.05, abs=1e-6)
+    with pytest.raises(ValueError):
+        PrefillProfile.fit([1, 2], [0.1, 0.2])
+
+
+def test_fixed_ttl_until_a_tool_has_enough_samples() -> None:
+    ttl_model = model()
+    assert ttl_model.ttl(None, 1000) == 2.0
+    ttl_model.observe_tool_duration("search", 1.0)
+    ttl_model.observe_tool_duration("search", 1.0)
+    assert ttl_model.ttl("search", 1000) == 2.0
+
+
+def test_cost_model_uses_queueing_delay_memoryfulness_and_prefill() -> None:
+    ttl_model = model(sample_window=len(MEMORYLESS_PROGRAMS))
+    for duration in [1.0, 1.0, 20.0, 20.0]:
+        ttl_model.observe_tool_duration("build", duration)
+    # No queueing delay, no profile: a return saves nothing, so do not pin.
+    assert ttl_model.ttl("build", 1000) == 0.0
+    ttl_model.observe_queueing_delay_without_kv(8.0)
+    ttl_model.observe_queueing_delay_without_kv(12.0)
+    # benefit = 10 * 1.0: τ=1 gives 4, τ=20 gives -10.
+    assert ttl_model.ttl("build", 1000) == 1.0
+    ttl_model.prefill_profile = PrefillProfile(0.0, 0.01, 0.0)
+    # benefit = 10 + 0.01 * 10000 = 110: τ=20 gives 90, τ=1 gives 54.
+    assert ttl_model.ttl("build", 10_000) == 20.0
+    # Memoryless programs: the queueing delay no longer counts, only the prefill
+    # of 100 tokens (1 s), which a 1-second wait at 50% cannot beat.
+    assert ttl_model.ttl("build", 100) == 1.0
+    for turns in MEMORYLESS_PROGRAMS:
+        ttl_model.observe_program_completed(turns)
+    assert ttl_model.ttl("build", 100) == 0.0
+
+
+def test_fixed_mode_ignores_samples() -> None:
+    ttl_model = TtlCostModel(
+        fixed_ttl_s=3.0,
+        max_ttl_s=30,
+        min_tool_samples=1,
+        sample_window=10,
+        default_memoryfulness=1,
+        use_cost_model=False,
+    )
+    ttl_model.observe_tool_duration("t", 0.1)
+    assert ttl_model.ttl("t", 100) == 3.0
+
+
+def test_fixed_ttl_never_exceeds_the_cap() -> None:
+    assert model(fixed_ttl_s=50.0, max_ttl_s=10.0).ttl(None, 10) == 10.0
+
+
+def test_sample_window_slides() -> None:
+    ttl_model = model(sample_window=4, min_tool_samples=4)
+    ttl_model.observe_queueing_delay_without_kv(100.0)
+    for _ in range(4):
+        ttl_model.observe_queueing_delay_without_kv(2.0)
+    assert math.isclose(ttl_model.mean_queueing_delay_s, 2.0)
