@@ -189,6 +189,7 @@ def time_saved_by_tool_latency(
 # name fragments. A mechanism's issue adds its rate here once the system exports it.
 REPORTED_RATES: dict[str, tuple[str, str]] = {
     "engine_prefix_hit_rate": ("prefix_cache_hits", "prefix_cache_queries"),
+    "pinned_kv_reuse_rate": ("kv_pin_hits", "kv_returning_turns"),
 }
 RATE_NAMES = (
     "engine_prefix_hit_rate",

@@ -33,7 +33,9 @@ _STOP_GRACE_S = 90.0
 
 # Mechanism name -> configuration overrides (dotted paths) that switch it off.
 # Each mechanism's issue adds its entry, so `toolserve-no-<name>` becomes a system.
-ABLATIONS: dict[str, dict[str, Any]] = {}
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "pinning": {"main.pinning.mode": "off", "main.pinning.program_fcfs": False},
+}
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,12 @@ INGRESS_DEPLOYMENT = "openai-ingress"
 
 
 def _model_deployment(
-    name: str, deployment: ModelDeploymentConfig, resolved_model: str, role: str
+    name: str,
+    deployment: ModelDeploymentConfig,
+    resolved_model: str,
+    role: str,
+    config: ToolserveConfig,
+    redis_url: str,
 ) -> Application:
     return (
         serve.deployment(ModelServer)
@@ -31,7 +36,7 @@ def _model_deployment(
             health_check_timeout_s=30,
             graceful_shutdown_timeout_s=20,
         )
-        .bind(deployment, resolved_model, role)
+        .bind(deployment, resolved_model, role, redis_url, config.cache_dir)
     )
 
 
@@ -41,11 +46,15 @@ def build_application(
     resolved_draft_model: str | None,
     redis_url: str,
 ) -> Application:
-    main = _model_deployment(MAIN_DEPLOYMENT, config.main, resolved_main_model, "main")
+    main = _model_deployment(
+        MAIN_DEPLOYMENT, config.main, resolved_main_model, "main", config, redis_url
+    )
     draft = None
     if config.draft is not None:
         assert resolved_draft_model is not None
-        draft = _model_deployment(DRAFT_DEPLOYMENT, config.draft, resolved_draft_model, "draft")
+        draft = _model_deployment(
+            DRAFT_DEPLOYMENT, config.draft, resolved_draft_model, "draft", config, redis_url
+        )
     return (
         serve.deployment(OpenAIIngress)
         .options(name=INGRESS_DEPLOYMENT, num_replicas=1, ray_actor_options={"num_cpus": 0})

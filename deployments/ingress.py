@@ -20,8 +20,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from cluster.store import ClusterStore
 from deployments.errors import ApiError, engine_not_ready, invalid_request, model_not_found
 from deployments.model_server import EngineState, EngineStatus, ReplyHead
+from deployments.pinning.settings import LAST_STEP_ARG
 
 SESSION_HEADER = "X-Session-ID"
+ONESHOT_PREFIX = "oneshot-"
 REPLICA_HEADER = "X-Toolserve-Replica"
 _STATUS_TIMEOUT_S = 10.0
 
@@ -61,7 +63,15 @@ def program_id_for(header_value: str | None, body: dict[str, Any]) -> str:
                 "session_id",
             )
         )
-    return header_value or body_value or f"oneshot-{uuid.uuid4().hex}"
+    return header_value or body_value or ONESHOT_PREFIX + uuid.uuid4().hex
+
+
+def mark_last_step(body: dict[str, Any]) -> None:
+    """Tells the engine this turn is its program's last: nothing to pin after it."""
+    extra_args = body.get("vllm_xargs")
+    if not isinstance(extra_args, dict):
+        extra_args = body["vllm_xargs"] = {}
+    extra_args[LAST_STEP_ARG] = 1
 
 
 def _validation_message(error: ValidationError) -> str:
@@ -232,6 +242,8 @@ class OpenAIIngress:
             self._count(route, rejected.error.status)
             return error_response(rejected.error)
         body["session_id"] = program_id
+        if program_id.startswith(ONESHOT_PREFIX):
+            mark_last_step(body)
         headers = {SESSION_HEADER: program_id}
 
         stream = self._main.options(stream=True).chat.remote(body)
@@ -251,3 +263,16 @@ class OpenAIIngress:
         if not head.streaming:
             return JSONResponse(head.body, headers=headers)
         return StreamingResponse(_relay(stream), media_type="text/event-stream", headers=headers)
+
+    @app.delete("/v1/sessions/{program_id}")
+    async def end_session(self, program_id: str) -> Response:
+        """The client's agent is done: release the program's pinned KV now."""
+        route = "sessions"
+        try:
+            await self._main.end_program.remote(program_id)
+        except Exception as error:
+            unavailable = engine_not_ready(f"model replica unavailable: {type(error).__name__}")
+            self._count(route, unavailable.status)
+            return error_response(unavailable)
+        self._count(route, 200)
+        return JSONResponse({"id": program_id, "object": "session", "deleted": True})

@@ -14,10 +14,13 @@ import os
 from argparse import Namespace
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cluster.config import ModelDeploymentConfig
 from deployments.errors import ApiError, engine_not_ready
+from deployments.pinning.replica import EnginePinning, tool_called, tool_called_in_chunk
+from deployments.pinning.settings import LAST_STEP_ARG, EnginePinningSettings, create_engine_config
 
 if TYPE_CHECKING:
     from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
@@ -54,11 +57,29 @@ class EngineStatus:
 class ModelServer:
     """Ray Serve replica hosting one engine. `role` is `main` or `draft`."""
 
-    def __init__(self, deployment: ModelDeploymentConfig, resolved_model: str, role: str):
+    def __init__(
+        self,
+        deployment: ModelDeploymentConfig,
+        resolved_model: str,
+        role: str,
+        redis_url: str | None,
+        cache_dir: Path,
+    ):
         self._deployment = deployment
         self._resolved_model = resolved_model
         self._role = role
         self._replica_id = _current_replica_id()
+        self._cache_dir = cache_dir
+        self._pinning_settings = (
+            EnginePinningSettings(
+                **deployment.pinning.model_dump(),
+                replica_id=self._replica_id,
+                redis_url=redis_url,
+            )
+            if deployment.pinning.enabled
+            else None
+        )
+        self._pinning: EnginePinning | None = None
         self._state = EngineState.STARTING
         self._detail = "engine is loading"
         self._engine: AsyncLLM | None = None
@@ -78,7 +99,6 @@ class ModelServer:
 
     async def _load(self) -> None:
         from starlette.datastructures import State
-        from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
         from vllm.entrypoints.launchers.cli_args import FrontendArgs
         from vllm.usage.usage_lib import UsageContext
@@ -87,11 +107,11 @@ class ModelServer:
 
         if self._deployment.num_gpus == 0:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self._deployment.cpu_threads_bind
-        engine_args = AsyncEngineArgs(
-            **self._deployment.engine.engine_kwargs(self._resolved_model),
+        engine_args, vllm_config = create_engine_config(
+            self._deployment.engine.engine_kwargs(self._resolved_model),
+            self._pinning_settings,
             disable_log_stats=False,
         )
-        vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         # NOTE: AsyncLLM's constructor blocks until the engine process is up;
         # run it off the event loop so the replica keeps answering meanwhile.
         engine = await asyncio.to_thread(
@@ -117,6 +137,25 @@ class ModelServer:
             supported_tasks=await engine.get_supported_tasks(),
         )
         self._serving_chat = app_state.openai_serving_chat
+        if self._pinning_settings is not None:
+            pinning = EnginePinning(
+                engine,
+                self._pinning_settings.prefill_profile_lengths,
+                self._deployment.engine.max_model_len,
+            )
+            await pinning.start(self._cache_dir, self._profile_fingerprint())
+            self._pinning = pinning
+
+    def _profile_fingerprint(self) -> dict[str, Any]:
+        engine = self._deployment.engine
+        return {
+            "model": self._resolved_model,
+            "dtype": engine.dtype,
+            "block_size": engine.block_size,
+            "tensor_parallel_size": engine.tensor_parallel_size,
+            "cpu_threads_bind": self._deployment.cpu_threads_bind,
+            "num_gpus": self._deployment.num_gpus,
+        }
 
     def status(self) -> EngineStatus:
         return EngineStatus(
@@ -158,16 +197,47 @@ class ModelServer:
                 ),
             )
             return
+        program_id = request.session_id
+        tracked = self._pinning is not None and program_id and not _is_last_step(body)
         if not isinstance(result, AsyncIterator):
-            yield ReplyHead(self._replica_id, streaming=False, body=result.model_dump(mode="json"))
+            reply = result.model_dump(mode="json")
+            if tracked:
+                self._turn_ended(program_id, tool_called(reply))
+            yield ReplyHead(self._replica_id, streaming=False, body=reply)
             return
         yield ReplyHead(self._replica_id, streaming=True)
+        tool = None
         async for chunk in result:
+            if tracked and tool is None:
+                tool = tool_called_in_chunk(chunk)
             yield chunk
+        if tracked:
+            self._turn_ended(program_id, tool)
+
+    def _turn_ended(self, program_id: str | None, tool: str | None) -> None:
+        if self._pinning is not None and program_id:
+            self._pinning.turn_ended(program_id, tool)
+
+    async def end_program(self, program_id: str) -> bool:
+        """Releases a program's pinned KV on this replica (the client closed the session)."""
+        if self._pinning is None or self._state is not EngineState.READY:
+            return False
+        await self._pinning.end_program(program_id)
+        return True
+
+    async def pinning_stats(self) -> dict[str, Any] | None:
+        return await self._pinning.stats() if self._pinning is not None else None
 
     def __del__(self) -> None:
+        if self._pinning is not None:
+            self._pinning.stop()
         if self._engine is not None:
             self._engine.shutdown()
+
+
+def _is_last_step(body: dict[str, Any]) -> bool:
+    extra_args = body.get("vllm_xargs")
+    return isinstance(extra_args, dict) and bool(extra_args.get(LAST_STEP_ARG))
 
 
 def _current_replica_id() -> str:

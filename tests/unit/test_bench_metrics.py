@@ -165,6 +165,12 @@ ray_vllm_prefix_cache_hits_total{model_name="draft"} 200.0
 # HELP ray_vllm_prefix_cache_queries_total Queries, exported through Ray.
 # TYPE ray_vllm_prefix_cache_queries_total counter
 ray_vllm_prefix_cache_queries_total{model_name="draft"} 1000.0
+# HELP ray_toolserve_kv_pin_hits_total Returning turns admitted while pinned.
+# TYPE ray_toolserve_kv_pin_hits_total counter
+ray_toolserve_kv_pin_hits_total{replica="a"} 30.0
+# HELP ray_toolserve_kv_returning_turns_total Returning turns.
+# TYPE ray_toolserve_kv_returning_turns_total counter
+ray_toolserve_kv_returning_turns_total{replica="a"} 40.0
 """
 
 
@@ -173,6 +179,7 @@ def test_reported_rates_come_from_prometheus_counters() -> None:
     assert totals["vllm:prefix_cache_hits_total"] == 600.0
     rates = reported_rates(PROMETHEUS_TEXT)
     assert rates["engine_prefix_hit_rate"] == pytest.approx(800 / 2000)
+    assert rates["pinned_kv_reuse_rate"] == pytest.approx(30 / 40)
     assert rates["tool_cache_hit_rate"] is None  # not reported by this system
 
 

@@ -110,3 +110,19 @@ def _models(root: type[BaseModel]) -> set[type[BaseModel]]:
 def test_every_field_is_described(model: type[BaseModel]) -> None:
     undocumented = [name for name, field in model.model_fields.items() if not field.description]
     assert not undocumented
+
+
+def test_pinning_owns_the_scheduler_arguments() -> None:
+    engine = _engine(extra_engine_args={"scheduling_policy": "priority"})
+    with pytest.raises(ValidationError, match="pinning sets"):
+        ModelDeploymentConfig(engine=engine)
+    off = ModelDeploymentConfig.model_validate(
+        {"engine": engine, "pinning": {"mode": "off", "program_fcfs": False}}
+    )
+    assert not off.pinning.enabled
+
+
+def test_embedded_default_pins_on_the_main_model_only() -> None:
+    config = load_config()
+    assert config.main.pinning.mode == "cost_model" and config.main.pinning.program_fcfs
+    assert config.draft is not None and not config.draft.pinning.enabled

@@ -112,3 +112,16 @@ def test_engine_errors_map_to_openai_codes(
 ) -> None:
     error = ApiError.from_status(status, message)
     assert (error.code, error.type) == (code, type_)
+
+
+def test_requests_without_a_program_are_their_programs_last_step() -> None:
+    from deployments.ingress import ONESHOT_PREFIX, mark_last_step
+    from deployments.pinning.settings import LAST_STEP_ARG
+
+    assert program_id_for(None, {}).startswith(ONESHOT_PREFIX)
+    body: dict[str, Any] = {"vllm_xargs": {"other": 1}}
+    mark_last_step(body)
+    assert body["vllm_xargs"] == {"other": 1, LAST_STEP_ARG: 1}
+    bare: dict[str, Any] = {}
+    mark_last_step(bare)
+    assert bare["vllm_xargs"] == {LAST_STEP_ARG: 1}

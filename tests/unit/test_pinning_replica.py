@@ -1,0 +1,67 @@
+import json
+from pathlib import Path
+
+from deployments.pinning.replica import profile_cache_path, tool_called, tool_called_in_chunk
+
+
+def test_tool_called_reads_the_first_call_of_a_reply() -> None:
+    reply = {
+        "choices": [
+            {
+                "message": {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "ls", "arguments": "{}"},
+                        },
+                        {
+                            "id": "c2",
+                            "type": "function",
+                            "function": {"name": "cat", "arguments": "{}"},
+                        },
+                    ],
+                }
+            }
+        ]
+    }
+    assert tool_called(reply) == "ls"
+    assert tool_called({"choices": [{"message": {"role": "assistant", "content": "done"}}]}) is None
+    assert tool_called({}) is None
+
+
+def sse(payload: object) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+def test_tool_called_in_chunk_finds_the_named_fragment() -> None:
+    first = sse(
+        {
+            "choices": [
+                {
+                    "delta": {
+                        "tool_calls": [
+                            {"index": 0, "id": "c1", "function": {"name": "grep", "arguments": ""}}
+                        ]
+                    }
+                }
+            ]
+        }
+    )
+    later = sse(
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}}]}
+    )
+    assert tool_called_in_chunk(first) == "grep"
+    assert tool_called_in_chunk(later) is None
+    assert tool_called_in_chunk(sse({"choices": [{"delta": {"content": "hi"}}]})) is None
+    assert tool_called_in_chunk("data: [DONE]\n\n") is None
+    assert tool_called_in_chunk("data: {not json\n\n") is None
+
+
+def test_profile_cache_path_depends_on_every_setting(tmp_path: Path) -> None:
+    base = {"model": "m", "dtype": "float32", "block_size": 64}
+    same = profile_cache_path(tmp_path, dict(reversed(list(base.items()))))
+    assert profile_cache_path(tmp_path, base) == same
+    assert profile_cache_path(tmp_path, base | {"block_size": 32}) != same
+    assert same.parent == tmp_path / "prefill-profiles"

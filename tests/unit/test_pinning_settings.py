@@ -1,0 +1,46 @@
+from types import SimpleNamespace
+
+from deployments.pinning.settings import (
+    ADDITIONAL_CONFIG_KEY,
+    EnginePinningSettings,
+    select_scheduler,
+)
+
+
+def settings(**overrides: object) -> EnginePinningSettings:
+    return EnginePinningSettings.model_validate(
+        {"replica_id": "r1", "redis_url": "redis://127.0.0.1:6379/0"} | overrides
+    )
+
+
+def test_engine_kwargs_carry_the_settings_to_the_engine_process() -> None:
+    pinning = settings(mode="fixed", fixed_ttl_s=3.5)
+    kwargs = pinning.engine_kwargs()
+    assert kwargs["scheduling_policy"] == "priority"
+    restored = EnginePinningSettings.from_additional_config(kwargs["additional_config"])
+    assert restored == pinning
+
+
+def test_program_fcfs_off_keeps_vllms_fcfs_policy() -> None:
+    assert settings(program_fcfs=False).engine_kwargs()["scheduling_policy"] == "fcfs"
+
+
+def test_everything_off_leaves_the_engine_stock() -> None:
+    assert settings(mode="off", program_fcfs=False).engine_kwargs() == {}
+    assert EnginePinningSettings.from_additional_config({}) is None
+    assert EnginePinningSettings.from_additional_config(None) is None
+    assert ADDITIONAL_CONFIG_KEY == "toolserve_pinning"
+
+
+def test_scheduler_follows_vllms_choice_of_async_scheduling() -> None:
+    for async_scheduling, expected in [
+        (True, "PinningAsyncScheduler"),
+        (False, "PinningScheduler"),
+    ]:
+        vllm_config = SimpleNamespace(
+            scheduler_config=SimpleNamespace(async_scheduling=async_scheduling, scheduler_cls=None)
+        )
+        select_scheduler(vllm_config, settings())
+        assert vllm_config.scheduler_config.scheduler_cls == (
+            f"deployments.pinning.scheduler.{expected}"
+        )
