@@ -52,6 +52,15 @@ def tool_called_in_chunk(sse_chunk: str) -> str | None:
     return None
 
 
+def profile_lengths(configured: list[int], max_model_len: int) -> list[int]:
+    """The configured prompt lengths that fit the engine; at least three, so a
+    short max_model_len still gets a quadratic fit over its own range."""
+    lengths = {length for length in configured if length < max_model_len}
+    if len(lengths) < 3:
+        lengths |= {max_model_len // 4, max_model_len // 2, max_model_len - 64}
+    return sorted(length for length in lengths if length > 0)
+
+
 def profile_cache_path(cache_dir: Path, fingerprint: dict[str, Any]) -> Path:
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir / "prefill-profiles" / f"{digest}.json"
@@ -62,7 +71,7 @@ class EnginePinning:
 
     def __init__(self, engine: AsyncLLM, settings_lengths: list[int], max_model_len: int):
         self._engine = engine
-        self._lengths = [length for length in settings_lengths if length < max_model_len]
+        self._lengths = profile_lengths(settings_lengths, max_model_len)
         self._background: set[asyncio.Task[Any]] = set()
         self._metrics: _PinningMetrics | None = None
 
@@ -86,7 +95,7 @@ class EnginePinning:
         """Load or measure the prefill profile, then export stats periodically."""
         self._metrics = _PinningMetrics()
         self._spawn(self._export_stats())
-        path = profile_cache_path(cache_dir, fingerprint)
+        path = profile_cache_path(cache_dir, fingerprint | {"lengths": self._lengths})
         profile: PrefillProfile | None
         try:
             profile = PrefillProfile(**json.loads(path.read_text()))
@@ -103,7 +112,7 @@ class EnginePinning:
         from vllm import SamplingParams
 
         if len(self._lengths) < 3:
-            logger.warning("too few profile lengths below max_model_len; no prefill profile")
+            logger.warning("max_model_len too short for a prefill profile")
             return None
         generator = random.Random(0)
         seconds = []

@@ -1,7 +1,12 @@
 import json
 from pathlib import Path
 
-from deployments.pinning.replica import profile_cache_path, tool_called, tool_called_in_chunk
+from deployments.pinning.replica import (
+    profile_cache_path,
+    profile_lengths,
+    tool_called,
+    tool_called_in_chunk,
+)
 
 
 def test_tool_called_reads_the_first_call_of_a_reply() -> None:
@@ -65,3 +70,10 @@ def test_profile_cache_path_depends_on_every_setting(tmp_path: Path) -> None:
     assert profile_cache_path(tmp_path, base) == same
     assert profile_cache_path(tmp_path, base | {"block_size": 32}) != same
     assert same.parent == tmp_path / "prefill-profiles"
+
+
+def test_profile_lengths_fit_the_engine() -> None:
+    configured = [256, 1024, 2048, 4096]
+    assert profile_lengths(configured, 8192) == configured
+    assert profile_lengths(configured, 4096) == [256, 1024, 2048]
+    assert profile_lengths(configured, 2048) == [256, 512, 1024, 1984]
