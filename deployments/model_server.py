@@ -198,7 +198,7 @@ class ModelServer:
             )
             return
         program_id = request.session_id
-        tracked = self._pinning is not None and program_id and not _is_last_step(body)
+        tracked = bool(self._pinning is not None and program_id and not _is_last_step(body))
         if not isinstance(result, AsyncIterator):
             reply = result.model_dump(mode="json")
             if tracked:
@@ -224,9 +224,6 @@ class ModelServer:
             return False
         await self._pinning.end_program(program_id)
         return True
-
-    async def pinning_stats(self) -> dict[str, Any] | None:
-        return await self._pinning.stats() if self._pinning is not None else None
 
     def __del__(self) -> None:
         if self._pinning is not None:

@@ -19,6 +19,7 @@ class ReleaseReason(enum.StrEnum):
     NEXT_TURN = "next_turn"
     EXPIRY = "expiry"
     PROGRAM_END = "program_end"
+    NO_TOOL_CALL = "no_tool_call"
     PRESSURE = "pressure"
 
 
@@ -169,9 +170,14 @@ class PinningController:
         return True, released
 
     def on_turn_ended(self, program_id: str, tool: str | None, now: float) -> list[Pin]:
-        """The front end parsed the finished turn: it called `tool`, or ended (None)."""
+        """The front end parsed the finished turn: it called `tool`, or none (None).
+
+        A turn without a tool call has nothing to wait for, so its pin goes; the
+        program stays known, since a client may go on (a new user message, a retry
+        after a truncated reply). Programs end by the last-step hint or the client.
+        """
         if tool is None:
-            return self.end_program(program_id)
+            return self._release(program_id, ReleaseReason.NO_TOOL_CALL)
         program = self._programs.get(program_id)
         if program is not None:
             program.tool = tool

@@ -69,9 +69,9 @@ def profile_cache_path(cache_dir: Path, fingerprint: dict[str, Any]) -> Path:
 class EnginePinning:
     """One replica's control of its engine's pins."""
 
-    def __init__(self, engine: AsyncLLM, settings_lengths: list[int], max_model_len: int):
+    def __init__(self, engine: AsyncLLM, configured_lengths: list[int], max_model_len: int):
         self._engine = engine
-        self._lengths = profile_lengths(settings_lengths, max_model_len)
+        self._lengths = profile_lengths(configured_lengths, max_model_len)
         self._background: set[asyncio.Task[Any]] = set()
         self._metrics: _PinningMetrics | None = None
 
@@ -179,7 +179,10 @@ class _PinningMetrics:
         }
         self._releases = Counter(
             "toolserve_kv_pin_releases",
-            description="KV pins released, by reason (next_turn, expiry, program_end, pressure).",
+            description=(
+                "KV pins released, by reason "
+                "(next_turn, expiry, program_end, no_tool_call, pressure)."
+            ),
             tag_keys=("reason",),
         )
         self._pinned_blocks = Gauge(

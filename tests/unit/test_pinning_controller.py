@@ -58,14 +58,15 @@ def test_pin_expires_at_its_ttl() -> None:
     assert pins.take_stats().releases == {"expiry": 1}
 
 
-def test_turn_without_tool_call_ends_the_program() -> None:
+def test_turn_without_tool_call_releases_its_pin_but_not_the_program() -> None:
     pins = controller()
     pins.on_arrival("a", 0.0)
     pinned, _ = pins.on_finished("a", blocks(4), 256, 1.0, False)
     assert pinned
     assert len(pins.on_turn_ended("a", None, 1.0)) == 1
     assert pins.pins == []
-    assert pins.take_stats().releases == {"program_end": 1}
+    assert pins.take_stats().releases == {"no_tool_call": 1}
+    assert pins.on_arrival("a", 5.0) == 0.0  # still ordered by its first arrival
 
 
 def test_last_step_is_never_pinned() -> None:
