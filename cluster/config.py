@@ -308,6 +308,13 @@ class ServerConfig(_Strict):
     request_timeout_s: float = Field(
         default=600, gt=0, description="Longest a single API request may take."
     )
+    max_ongoing_requests: int = Field(
+        default=1024,
+        ge=1,
+        description="Requests the ingress holds at once (a stream holds one until it "
+        "ends). Ray Serve's default of 5 would queue agents in the HTTP proxy, in "
+        "front of an engine with free capacity.",
+    )
 
 
 class ToolserveConfig(_Strict):

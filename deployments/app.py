@@ -57,7 +57,12 @@ def build_application(
         )
     return (
         serve.deployment(OpenAIIngress)
-        .options(name=INGRESS_DEPLOYMENT, num_replicas=1, ray_actor_options={"num_cpus": 0})
+        .options(
+            name=INGRESS_DEPLOYMENT,
+            num_replicas=1,
+            max_ongoing_requests=config.server.max_ongoing_requests,
+            ray_actor_options={"num_cpus": 0},
+        )
         .bind(
             main,
             draft,
