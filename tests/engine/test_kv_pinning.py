@@ -257,17 +257,18 @@ def test_returning_turns_overtake_newer_programs(
         old = f"old-{uuid.uuid4().hex[:6]}"
         context, _ = await pinned_engine.turn(tokens(128, 40), old)
         await pinned_engine.control("turn_ended", old, "tool")
-        # Eight requests of different lengths fill every slot and then free them one
-        # at a time; newer programs queue up first, the old program's turn last.
+        # Eight requests of different lengths fill every slot (and fit the KV together)
+        # and free them one at a time, the first well after everything below has
+        # arrived; newer programs queue up first, the old program's turn last.
         blockers = [
-            tracked(f"blocker{index}", tokens(64, 50 + index), None, 0, 60 + 30 * index)
+            tracked(f"blocker{index}", tokens(64, 50 + index), None, 0, 240 + 8 * index)
             for index in range(8)
         ]
         newcomers = [
-            tracked(f"new{index}", tokens(64, 60 + index), f"new-{index}-{old}", 0.3, 4)
+            tracked(f"new{index}", tokens(64, 60 + index), f"new-{index}-{old}", 0.1, 4)
             for index in range(3)
         ]
-        returning = tracked("old", context + tokens(16, 70), old, 0.6, 4)
+        returning = tracked("old", context + tokens(16, 70), old, 0.2, 4)
         await asyncio.gather(*blockers, *newcomers, returning)
         for program in [old, *(f"new-{index}-{old}" for index in range(3))]:
             await pinned_engine.control("end_program", program)
