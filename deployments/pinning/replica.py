@@ -25,18 +25,25 @@ _TTL_BOUNDARIES = [0.25, 0.5, 1, 2, 4, 8, 15, 30, 60]
 _TOOL_DURATION_BOUNDARIES = [0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120]
 
 
-def tool_called(reply: dict[str, Any]) -> str | None:
-    """Name of the first tool a chat completion calls, None if it calls none."""
-    for choice in reply.get("choices") or []:
-        for call in (choice.get("message") or {}).get("tool_calls") or []:
+def _first_tool_name(choices: Any, part: str) -> str | None:
+    """Name of the first tool call in the `part` ("message" or "delta") of choices."""
+    for choice in choices or []:
+        for call in (choice.get(part) or {}).get("tool_calls") or []:
             name = (call.get("function") or {}).get("name")
             if name:
                 return str(name)
     return None
 
 
+def tool_called(reply: dict[str, Any]) -> str | None:
+    """Name of the first tool a chat completion calls, None if it calls none."""
+    return _first_tool_name(reply.get("choices"), "message")
+
+
 def tool_called_in_chunk(sse_chunk: str) -> str | None:
     """Name of a tool call starting in one SSE chunk of a streamed completion."""
+    if '"tool_calls"' not in sse_chunk:  # most chunks are text; skip parsing them
+        return None
     for line in sse_chunk.splitlines():
         if not line.startswith("data: {"):
             continue
@@ -44,11 +51,8 @@ def tool_called_in_chunk(sse_chunk: str) -> str | None:
             chunk = json.loads(line[len("data: ") :])
         except json.JSONDecodeError:
             continue
-        for choice in chunk.get("choices") or []:
-            for call in (choice.get("delta") or {}).get("tool_calls") or []:
-                name = (call.get("function") or {}).get("name")
-                if name:
-                    return str(name)
+        if name := _first_tool_name(chunk.get("choices"), "delta"):
+            return name
     return None
 
 

@@ -75,7 +75,9 @@ class PinningSchedulerMixin:
         self._release(self._pinning.expire(now))
         # Running requests need a fresh block now and then; pins must not make them
         # preempt each other.
-        while self._pinning.pins and self._block_pool.get_num_free_blocks() < len(base.running):
+        while self._pinning.pinned_blocks and self._block_pool.get_num_free_blocks() < len(
+            base.running
+        ):
             self._release(self._pinning.relieve_pressure())
         output: SchedulerOutput = super().schedule(*args, **kwargs)  # type: ignore[misc]
         for new_request in output.scheduled_new_reqs:
@@ -96,7 +98,7 @@ class PinningSchedulerMixin:
         """Nothing could run: unpin the latest-arrived programs until the head fits."""
         base: Scheduler = self
         needed = math.ceil((request.num_tokens + 1) / base.block_size)
-        while self._pinning.pins and self._block_pool.get_num_free_blocks() < needed:
+        while self._pinning.pinned_blocks and self._block_pool.get_num_free_blocks() < needed:
             self._release(self._pinning.relieve_pressure())
 
     def _free_blocks(self, request: Request) -> None:

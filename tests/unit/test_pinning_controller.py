@@ -3,7 +3,11 @@ from deployments.pinning.ttl_policy import TtlCostModel
 
 
 def controller(
-    *, pinning_on: bool = True, total_blocks: int = 100, max_pinned_fraction: float = 0.5
+    *,
+    pinning_on: bool = True,
+    total_blocks: int = 100,
+    max_pinned_fraction: float = 0.5,
+    max_tracked_programs: int = 100,
 ) -> PinningController:
     return PinningController(
         TtlCostModel(
@@ -16,7 +20,7 @@ def controller(
         pinning_on=pinning_on,
         total_blocks=total_blocks,
         max_pinned_fraction=max_pinned_fraction,
-        max_tracked_programs=100,
+        max_tracked_programs=max_tracked_programs,
     )
 
 
@@ -172,19 +176,7 @@ def test_release_all_leaves_nothing_pinned() -> None:
 
 
 def test_tracked_programs_are_bounded() -> None:
-    pins = PinningController(
-        TtlCostModel(
-            fixed_ttl_s=2,
-            max_ttl_s=30,
-            min_tool_samples=2,
-            sample_window=5,
-            default_memoryfulness=1,
-        ),
-        pinning_on=True,
-        total_blocks=100,
-        max_pinned_fraction=0.5,
-        max_tracked_programs=3,
-    )
+    pins = controller(max_tracked_programs=3)
     for index in range(10):
         pins.on_arrival(f"p{index}", float(index))
     assert pins.on_arrival("p0", 20.0) == 20.0
