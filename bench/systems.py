@@ -275,19 +275,23 @@ def stock_vllm_command(settings: EngineSettings, port: int) -> list[str]:
     return command
 
 
+BASELINE_SYSTEMS = ("stock-vllm", "stock-ray-serve-llm", "toolserve")
+
+
 def system_catalog() -> dict[str, SystemSpec]:
-    catalog = {
-        "stock-vllm": SystemSpec("stock-vllm", "stock-vllm", {}),
-        "stock-ray-serve-llm": SystemSpec("stock-ray-serve-llm", "stock-ray-serve-llm", {}),
-        "toolserve": SystemSpec("toolserve", "toolserve", {}),
-    }
+    catalog = {name: SystemSpec(name, name, {}) for name in BASELINE_SYSTEMS}
     for mechanism, overrides in ABLATIONS.items():
         name = f"toolserve-no-{mechanism}"
         catalog[name] = SystemSpec(name, "toolserve", overrides)
     return catalog
 
 
-DEFAULT_SYSTEMS = tuple(system_catalog())
+def default_systems(size: str) -> tuple[str, ...]:
+    """Every system at the default size; the quick size keeps to the baselines and
+    toolserve so it stays within minutes (each system start costs one to two)."""
+    if size == "quick":
+        return BASELINE_SYSTEMS
+    return tuple(system_catalog())
 
 
 def scrape_metrics(metrics_url: str) -> str:

@@ -65,12 +65,12 @@ def _check_config(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from bench.runner import BenchOptions, default_run_name, run_benchmark
-    from bench.systems import DEFAULT_SYSTEMS
+    from bench.systems import default_systems
     from bench.workloads import Size
     from cluster.signals import stop_on_signals
 
     size: Size = "quick" if args.quick else args.size
-    systems = args.systems.split(",") if args.systems else list(DEFAULT_SYSTEMS)
+    systems = args.systems.split(",") if args.systems else list(default_systems(size))
     options = BenchOptions(
         workload=args.workload,
         size=size,
@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--systems",
         help="comma-separated systems in run order (default: stock-vllm, "
-        "stock-ray-serve-llm, toolserve and its ablations)",
+        "stock-ray-serve-llm, toolserve, and at the default size its ablations)",
     )
     bench.add_argument("--size", choices=SIZES, default="default")
     bench.add_argument("--quick", action="store_true", help="same as --size quick")

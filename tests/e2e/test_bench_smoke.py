@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from bench.report import PLOTS
-from bench.systems import DEFAULT_SYSTEMS
+from bench.systems import default_systems
 from cluster.config import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
+QUICK_SYSTEMS = default_systems("quick")
 SERVER_PROCESSES = ("vllm.entrypoints", "bench.baselines.ray_serve_llm", "cluster.cli up")
 
 
@@ -42,7 +43,7 @@ def test_quick_benchmark_on_the_tiny_model(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["workload"] == "many-agent" and summary["size"] == "quick"
     assert summary["command"].startswith("toolserve bench --quick")
-    assert list(summary["systems"]) == list(DEFAULT_SYSTEMS)
+    assert list(summary["systems"]) == list(QUICK_SYSTEMS)
     for name, figures in summary["systems"].items():
         assert "error" not in figures, (name, figures)
         assert figures["failed_programs"] == 0, name
@@ -50,15 +51,15 @@ def test_quick_benchmark_on_the_tiny_model(tmp_path: Path) -> None:
         # Every system was configured to report cached prompt tokens.
         assert figures["prefix_reuse_rate"] is not None and figures["prefix_reuse_rate"] > 0
         assert figures["engine_prefix_hit_rate"] is not None, name
-    assert set(summary["ratios_vs_stock_vllm"]) == set(DEFAULT_SYSTEMS)
+    assert set(summary["ratios_vs_stock_vllm"]) == set(QUICK_SYSTEMS)
     assert summary["ratios_vs_stock_vllm"]["stock-vllm"]["jct_mean"] == 1.0
 
     records = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]
     programs = [r for r in records if r["kind"] == "program"]
     requests = [r for r in records if r["kind"] == "request"]
-    assert {r["system"] for r in programs} == set(DEFAULT_SYSTEMS)
-    per_system = len(programs) // len(DEFAULT_SYSTEMS)
-    assert per_system == 6 and len(programs) == per_system * len(DEFAULT_SYSTEMS)
+    assert {r["system"] for r in programs} == set(QUICK_SYSTEMS)
+    per_system = len(programs) // len(QUICK_SYSTEMS)
+    assert per_system == 6 and len(programs) == per_system * len(QUICK_SYSTEMS)
     # The same programs with the same turn counts on every system.
     turns = {(r["system"], r["program_id"]): r["turns"] for r in programs}
     for (_, program_id), count in turns.items():
@@ -70,6 +71,6 @@ def test_quick_benchmark_on_the_tiny_model(tmp_path: Path) -> None:
     console = (run_dir / "console.log").read_text()
     assert "bench: stock-vllm ready" in console and "bench: report at" in console
     report = (run_dir / "report.md").read_text()
-    for name in DEFAULT_SYSTEMS:
+    for name in QUICK_SYSTEMS:
         assert f"| {name} |" in report
     assert _server_processes() == before, "a system outlived the benchmark"

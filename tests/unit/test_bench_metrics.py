@@ -25,7 +25,13 @@ from bench.metrics import (
 )
 from bench.report import PLOTS, write_markdown, write_plots, write_summary
 from bench.runner import BenchOptions, SystemRuns, summarize
-from bench.systems import EngineSettings, stock_vllm_command, system_catalog, with_overrides
+from bench.systems import (
+    EngineSettings,
+    default_systems,
+    stock_vllm_command,
+    system_catalog,
+    with_overrides,
+)
 
 
 def _program(
@@ -266,6 +272,13 @@ def test_catalog_has_the_baselines_and_toolserve() -> None:
     for name, spec in catalog.items():
         if name.startswith("toolserve-no-"):
             assert spec.kind == "toolserve" and spec.overrides
+
+
+def test_quick_size_leaves_ablations_to_an_explicit_choice() -> None:
+    assert default_systems("quick") == ("stock-vllm", "stock-ray-serve-llm", "toolserve")
+    everything = default_systems("default")
+    assert everything == tuple(system_catalog())
+    assert "toolserve-no-pinning" in everything
 
 
 def test_summary_report_and_plots(tmp_path: Path) -> None:
