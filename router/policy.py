@@ -1,0 +1,173 @@
+"""Which main-model replica serves a turn: pure functions of the program, what the
+router remembers about it, and the replicas' in-flight load. No Ray, no Redis.
+
+Order of preference: the replica holding the program's pinned KV (TTL ledger);
+the replica that served its previous turn; for a new program, a replica already
+serving programs with the same long prompt prefix; else consistent hashing of
+the program id. Every choice except the pin respects the bounded-load rule of
+consistent hashing with bounded loads (Mirrokni et al.): after routing, no
+replica holds more than ceil((1 + epsilon) * mean) requests in flight.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import hashlib
+import math
+from collections import Counter, OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+class RoutingReason(enum.StrEnum):
+    PINNED = "pinned"
+    STICKY = "sticky"
+    PREFIX = "prefix"
+    HASHED = "hashed"
+    FALLBACK = "fallback"
+
+
+@dataclass(frozen=True)
+class RoutingDecision:
+    replica_id: str
+    reason: RoutingReason
+    # The ledger named a replica that is gone or too busy: the pin is stale.
+    stale_pin_replica: str | None = None
+
+
+@dataclass(frozen=True)
+class ProgramView:
+    """What is known about a request's program when it is routed."""
+
+    program_id: str
+    pinned_replica: str | None = None
+    previous_replica: str | None = None
+    prefix_replicas: Mapping[str, int] = field(default_factory=dict)
+
+
+def _hash64(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
+
+
+class HashRing:
+    """Consistent-hash ring with virtual nodes; the walk order from a key's point."""
+
+    def __init__(self, replica_ids: frozenset[str], virtual_nodes: int):
+        points = sorted(
+            (_hash64(f"{replica_id}#{index}"), replica_id)
+            for replica_id in replica_ids
+            for index in range(virtual_nodes)
+        )
+        self.replica_ids = replica_ids
+        self._hashes = [point for point, _ in points]
+        self._owners = [owner for _, owner in points]
+
+    def walk(self, key: str) -> list[str]:
+        """Every replica once, starting at the key's owner, clockwise."""
+        if not self._hashes:
+            return []
+        start = bisect.bisect_right(self._hashes, _hash64(key))
+        order: list[str] = []
+        for offset in range(len(self._owners)):
+            owner = self._owners[(start + offset) % len(self._owners)]
+            if owner not in order:
+                order.append(owner)
+                if len(order) == len(self.replica_ids):
+                    break
+        return order
+
+
+def load_capacity(loads: Mapping[str, int], factor: float) -> int:
+    """Most requests a replica may hold after one more is routed."""
+    mean_after = (sum(loads.values()) + 1) / len(loads)
+    return math.ceil(factor * mean_after)
+
+
+class RoutingPolicy:
+    """Chooses a replica for one request. Keeps only the hash ring between calls."""
+
+    def __init__(self, load_epsilon: float, pinned_load_factor: float, virtual_nodes: int):
+        if load_epsilon <= 0:
+            raise ValueError("load_epsilon must be positive")
+        if pinned_load_factor < 1 + load_epsilon:
+            raise ValueError("pinned_load_factor must be at least 1 + load_epsilon")
+        self.load_epsilon = load_epsilon
+        self.pinned_load_factor = pinned_load_factor
+        self._virtual_nodes = virtual_nodes
+        self._ring = HashRing(frozenset(), virtual_nodes)
+
+    def _ring_for(self, replica_ids: frozenset[str]) -> HashRing:
+        if self._ring.replica_ids != replica_ids:
+            self._ring = HashRing(replica_ids, self._virtual_nodes)
+        return self._ring
+
+    def choose(self, program: ProgramView, loads: Mapping[str, int]) -> RoutingDecision:
+        """`loads`: in-flight requests of every replica that may take a request now
+        (dead and draining replicas are simply absent)."""
+        if not loads:
+            raise ValueError("no replica to route to")
+        capacity = load_capacity(loads, 1 + self.load_epsilon)
+
+        def fits(replica_id: str | None, limit: int = capacity) -> bool:
+            return replica_id is not None and loads.get(replica_id, limit) < limit
+
+        stale_pin = None
+        if program.pinned_replica is not None:
+            if fits(program.pinned_replica, load_capacity(loads, self.pinned_load_factor)):
+                return RoutingDecision(program.pinned_replica, RoutingReason.PINNED)
+            stale_pin = program.pinned_replica
+        elif fits(program.previous_replica):
+            assert program.previous_replica is not None
+            return RoutingDecision(program.previous_replica, RoutingReason.STICKY)
+
+        preferred_lost = stale_pin is not None or program.previous_replica is not None
+        if not preferred_lost:
+            owners = [r for r in program.prefix_replicas if fits(r)]
+            if owners:
+                best = min(owners, key=lambda r: (loads[r], -program.prefix_replicas[r], r))
+                return RoutingDecision(best, RoutingReason.PREFIX)
+
+        walk = self._ring_for(frozenset(loads)).walk(program.program_id)
+        chosen = next(r for r in walk if fits(r))  # the least-loaded replica always fits
+        reason = RoutingReason.FALLBACK if preferred_lost else RoutingReason.HASHED
+        return RoutingDecision(chosen, reason, stale_pin)
+
+
+class ProgramDirectory:
+    """The router's memory: the replica each recent program last went to, and
+    which replicas serve programs of each long prompt prefix. Bounded (LRU)."""
+
+    def __init__(self, max_programs: int, max_prefixes: int):
+        self._max_programs = max_programs
+        self._max_prefixes = max_prefixes
+        self._last_replica: OrderedDict[str, str] = OrderedDict()
+        self._prefix_replicas: OrderedDict[str, Counter[str]] = OrderedDict()
+
+    def view(self, program_id: str, prefix_key: str | None, pinned: str | None) -> ProgramView:
+        previous = self._last_replica.get(program_id)
+        prefix = self._prefix_replicas.get(prefix_key) if prefix_key is not None else None
+        return ProgramView(program_id, pinned, previous, dict(prefix or {}))
+
+    def routed(self, program_id: str, prefix_key: str | None, replica_id: str) -> None:
+        is_new = program_id not in self._last_replica
+        self._last_replica[program_id] = replica_id
+        self._last_replica.move_to_end(program_id)
+        while len(self._last_replica) > self._max_programs:
+            self._last_replica.popitem(last=False)
+        if prefix_key is None or not is_new:
+            return
+        owners = self._prefix_replicas.setdefault(prefix_key, Counter())
+        owners[replica_id] += 1
+        self._prefix_replicas.move_to_end(prefix_key)
+        while len(self._prefix_replicas) > self._max_prefixes:
+            self._prefix_replicas.popitem(last=False)
+
+    def forget_program(self, program_id: str) -> None:
+        self._last_replica.pop(program_id, None)
+
+    def forget_replica(self, replica_id: str) -> None:
+        for program_id in [p for p, r in self._last_replica.items() if r == replica_id]:
+            del self._last_replica[program_id]
+        for owners in self._prefix_replicas.values():
+            owners.pop(replica_id, None)

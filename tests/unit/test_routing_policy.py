@@ -1,0 +1,177 @@
+"""The replica choice: pins, stickiness, prefix affinity, bounded-load hashing."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.policy import (
+    HashRing,
+    ProgramDirectory,
+    ProgramView,
+    RoutingPolicy,
+    RoutingReason,
+    load_capacity,
+)
+from router.prefix import shared_prefix_key
+
+EPSILON = 0.25
+PINNED_FACTOR = 1.5
+
+
+def _policy() -> RoutingPolicy:
+    return RoutingPolicy(load_epsilon=EPSILON, pinned_load_factor=PINNED_FACTOR, virtual_nodes=64)
+
+
+def _ring_owner(program_id: str, replicas: list[str]) -> str:
+    return HashRing(frozenset(replicas), 64).walk(program_id)[0]
+
+
+def test_a_pinned_program_goes_to_its_pin_even_against_the_ring() -> None:
+    loads = {"a": 1, "b": 1}
+    program = "p-1"
+    other = "b" if _ring_owner(program, list(loads)) == "a" else "a"
+    decision = _policy().choose(ProgramView(program, pinned_replica=other), loads)
+    assert decision.replica_id == other and decision.reason is RoutingReason.PINNED
+    assert decision.stale_pin_replica is None
+
+
+def test_an_overloaded_pin_owner_is_passed_over_and_its_pin_called_stale() -> None:
+    loads = {"a": 9, "b": 0}
+    decision = _policy().choose(ProgramView("p", pinned_replica="a"), loads)
+    assert decision.replica_id == "b"
+    assert decision.reason is RoutingReason.FALLBACK and decision.stale_pin_replica == "a"
+
+
+def test_a_pin_on_a_dead_replica_is_stale() -> None:
+    decision = _policy().choose(ProgramView("p", pinned_replica="gone"), {"a": 0, "b": 0})
+    assert decision.reason is RoutingReason.FALLBACK and decision.stale_pin_replica == "gone"
+    assert decision.replica_id in {"a", "b"}
+
+
+def test_a_returning_program_without_a_pin_stays_on_its_replica() -> None:
+    program = "p-7"
+    other = "b" if _ring_owner(program, ["a", "b"]) == "a" else "a"
+    view = ProgramView(program, previous_replica=other)
+    decision = _policy().choose(view, {"a": 1, "b": 1})
+    assert decision.replica_id == other and decision.reason is RoutingReason.STICKY
+
+
+def test_a_new_program_joins_the_least_loaded_replica_holding_its_prefix() -> None:
+    view = ProgramView("new", prefix_replicas={"b": 5, "c": 1})
+    decision = _policy().choose(view, {"a": 0, "b": 2, "c": 1})
+    assert decision.replica_id == "c" and decision.reason is RoutingReason.PREFIX
+
+
+def test_prefix_affinity_yields_to_the_load_bound() -> None:
+    loads = {"a": 0, "b": 3}  # capacity ceil(1.25 * 4 / 2) = 3: b is full
+    decision = _policy().choose(ProgramView("new", prefix_replicas={"b": 4}), loads)
+    assert decision.replica_id == "a" and decision.reason is RoutingReason.HASHED
+
+
+def test_a_new_program_without_prefix_owners_is_hashed() -> None:
+    loads = {"a": 0, "b": 0, "c": 0}
+    decision = _policy().choose(ProgramView("q"), loads)
+    assert decision.reason is RoutingReason.HASHED
+    assert decision.replica_id == _ring_owner("q", list(loads))
+
+
+def test_no_replica_and_bad_settings_are_errors() -> None:
+    with pytest.raises(ValueError):
+        _policy().choose(ProgramView("p"), {})
+    with pytest.raises(ValueError):
+        RoutingPolicy(load_epsilon=0, pinned_load_factor=2, virtual_nodes=8)
+    with pytest.raises(ValueError):
+        RoutingPolicy(load_epsilon=0.5, pinned_load_factor=1.2, virtual_nodes=8)
+
+
+replica_names = st.sampled_from([f"r{i}" for i in range(8)])
+load_maps = st.dictionaries(replica_names, st.integers(0, 30), min_size=1, max_size=8)
+views = st.builds(
+    ProgramView,
+    program_id=st.text(min_size=1, max_size=12),
+    pinned_replica=st.none() | replica_names,
+    previous_replica=st.none() | replica_names,
+    prefix_replicas=st.dictionaries(replica_names, st.integers(1, 5), max_size=4),
+)
+
+
+@given(view=views, loads=load_maps)
+@settings(max_examples=400, deadline=None)
+def test_every_choice_respects_its_load_bound(view: ProgramView, loads: dict[str, int]) -> None:
+    decision = _policy().choose(view, loads)
+    assert decision.replica_id in loads
+    factor = PINNED_FACTOR if decision.reason is RoutingReason.PINNED else 1 + EPSILON
+    assert loads[decision.replica_id] + 1 <= load_capacity(loads, factor)
+
+
+@given(
+    replicas=st.lists(replica_names, min_size=1, max_size=8, unique=True),
+    programs=st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=60),
+)
+@settings(max_examples=150, deadline=None)
+def test_routing_a_stream_never_exceeds_the_bound(replicas: list[str], programs: list[str]) -> None:
+    policy = _policy()
+    directory = ProgramDirectory(max_programs=1000, max_prefixes=10)
+    loads = dict.fromkeys(replicas, 0)
+    for program in programs:
+        decision = policy.choose(directory.view(program, "shared", None), loads)
+        assert loads[decision.replica_id] + 1 <= load_capacity(loads, 1 + EPSILON)
+        loads[decision.replica_id] += 1
+        directory.routed(program, "shared", decision.replica_id)
+
+
+@given(
+    replicas=st.lists(replica_names, min_size=2, max_size=8, unique=True),
+    programs=st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=40, unique=True),
+)
+@settings(max_examples=150, deadline=None)
+def test_replicas_coming_and_going_move_only_their_own_programs(
+    replicas: list[str], programs: list[str]
+) -> None:
+    policy = _policy()
+    idle = dict.fromkeys(replicas, 0)
+    before = {p: policy.choose(ProgramView(p), idle).replica_id for p in programs}
+    leaving = replicas[0]
+    fewer = {r: 0 for r in replicas if r != leaving}
+    after = {p: policy.choose(ProgramView(p), fewer).replica_id for p in programs}
+    for program in programs:
+        if before[program] != leaving:
+            assert after[program] == before[program]
+    # Coming back: programs return to where they were, the others stay.
+    again = {p: policy.choose(ProgramView(p), idle).replica_id for p in programs}
+    assert again == before
+
+
+def test_directory_remembers_last_replicas_and_prefix_owners_within_bounds() -> None:
+    directory = ProgramDirectory(max_programs=2, max_prefixes=1)
+    directory.routed("p1", "k", "a")
+    directory.routed("p1", "k", "b")  # a returning turn does not count its prefix again
+    directory.routed("p2", "k", "a")
+    assert directory.view("p1", "k", None) == ProgramView("p1", None, "b", {"a": 2})
+    directory.routed("p3", "other", "c")  # evicts p1 (oldest) and prefix "k"
+    assert directory.view("p1", "k", None).previous_replica is None
+    assert directory.view("p1", "k", None).prefix_replicas == {}
+    directory.forget_replica("c")
+    assert directory.view("p3", "other", "c") == ProgramView("p3", "c", None, {})
+    directory.forget_program("p2")
+    assert directory.view("p2", None, None).previous_replica is None
+
+
+TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
+SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 10}
+
+
+def test_shared_prefix_is_instructions_and_tools() -> None:
+    first = {"messages": [SYSTEM, {"role": "user", "content": "fix bug 1"}], "tools": TOOLS}
+    second = {"messages": [SYSTEM, {"role": "user", "content": "fix bug 2"}], "tools": TOOLS}
+    key = shared_prefix_key(first, min_chars=100)
+    assert key is not None and key == shared_prefix_key(second, min_chars=100)
+    reordered_tools = [{"function": {"parameters": {"type": "object"}, "name": "read_file"},
+                        "type": "function"}]  # fmt: skip
+    assert shared_prefix_key(second | {"tools": reordered_tools}, min_chars=100) == key
+    other_tools = [{"type": "function", "function": {"name": "search"}}]
+    assert shared_prefix_key(first | {"tools": other_tools}, min_chars=100) != key
+    assert shared_prefix_key(first, min_chars=100_000) is None
+    assert shared_prefix_key({"messages": "nonsense"}, min_chars=1) is None
