@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
+import pytest
 import redis
+from redis.exceptions import RedisError
 
-from cluster.store import LedgerEntry, TtlLedger
+from cluster.store import ClusterStore, LedgerEntry, PinningControl, TtlLedger
 
 
 def entry(program_id: str, replica_id: str, ttl_s: float = 30.0) -> LedgerEntry:
@@ -66,3 +69,69 @@ def test_an_unreachable_redis_gives_no_answer_instead_of_an_error() -> None:
     assert not ledger.remove("p", "r")
     assert ledger.clear_replica("r") == 0
     ledger.close()
+
+
+def test_the_async_store_reads_drops_and_clears_what_engines_publish(redis_url: str) -> None:
+    ledger = TtlLedger(redis_url)
+    replica = f"replica-{uuid.uuid4().hex}"
+    kept, dropped = f"program-{uuid.uuid4().hex}", f"program-{uuid.uuid4().hex}"
+    ledger.put(entry(kept, replica))
+    ledger.put(entry(dropped, replica))
+
+    async def scenario() -> None:
+        store = ClusterStore(redis_url)
+        assert await store.lookup_pin(kept) == ledger.lookup(kept)
+        await store.drop_pin(dropped, "another-replica")  # not the owner: stays
+        assert await store.lookup_pin(dropped) is not None
+        await store.drop_pin(dropped, replica)
+        assert await store.lookup_pin(dropped) is None
+        assert await store.clear_replica_pins(replica) == 1
+        assert await store.lookup_pin(kept) is None
+        await store.close()
+
+    asyncio.run(scenario())
+    ledger.close()
+
+
+def test_pinning_control_reaches_every_subscriber(redis_url: str) -> None:
+    program = f"program-{uuid.uuid4().hex}"
+    sent = [
+        PinningControl("release_pin", program, "replica-a"),
+        PinningControl("end_program", program),
+    ]
+
+    async def scenario() -> list[PinningControl]:
+        listener, sender = ClusterStore(redis_url), ClusterStore(redis_url)
+        received: list[PinningControl] = []
+
+        async def listen() -> None:
+            async for message in listener.pinning_control_messages():
+                if message.program_id == program:
+                    received.append(message)
+                    if len(received) == len(sent):
+                        return
+
+        listening = asyncio.create_task(listen())
+        while await sender.send_pinning_control(sent[0]) == 0:  # until subscribed
+            await asyncio.sleep(0.05)
+        await sender.send_pinning_control(sent[1])
+        await asyncio.wait_for(listening, timeout=10)
+        await listener.close()
+        await sender.close()
+        return received
+
+    received = asyncio.run(scenario())
+    assert received[-2:] == sent
+
+
+def test_the_async_store_without_redis() -> None:
+    async def scenario() -> None:
+        store = ClusterStore("redis://127.0.0.1:1/0")
+        with pytest.raises((RedisError, OSError)):
+            await store.lookup_pin("p")
+        await store.drop_pin("p", "r")
+        assert await store.clear_replica_pins("r") == 0
+        assert await store.send_pinning_control(PinningControl("end_program", "p")) == 0
+        await store.close()
+
+    asyncio.run(scenario())
