@@ -317,6 +317,55 @@ class ServerConfig(_Strict):
     )
 
 
+class RoutingConfig(_Strict):
+    """How the ingress picks a main-model replica for each turn (draft-model
+    replicas always go to the least-loaded of two random choices)."""
+
+    policy: Literal["session", "power_of_two", "consistent_hash"] = Field(
+        default="session",
+        description="`session`: toolserve's router (the replica holding the program's "
+        "pinned KV, then the replica of its previous turn, then prefix affinity for new "
+        "programs, then consistent hashing with bounded load). `power_of_two` and "
+        "`consistent_hash` are Ray Serve's own routers, for comparison.",
+    )
+    load_epsilon: float = Field(
+        default=0.25,
+        gt=0,
+        description="Bounded load: except for pinned turns, no replica takes a request "
+        "that would leave it above ceil((1 + load_epsilon) x mean) requests in flight.",
+    )
+    pinned_load_factor: float = Field(
+        default=1.5,
+        description="A program goes to the replica holding its pinned KV unless that "
+        "replica would exceed ceil(pinned_load_factor x mean) in flight; then the pin is "
+        "released and the turn goes elsewhere. At least 1 + load_epsilon.",
+    )
+    virtual_nodes: int = Field(
+        default=100, ge=1, description="Points per replica on the consistent-hash ring."
+    )
+    min_prefix_chars: int = Field(
+        default=1000,
+        ge=1,
+        description="Shortest shared prefix (system messages plus tool schemas, as "
+        "JSON) for which a new program prefers replicas serving the same prefix.",
+    )
+    max_remembered_programs: int = Field(
+        default=100_000, ge=1, description="Programs whose last replica the router keeps."
+    )
+    ledger_timeout_s: float = Field(
+        default=0.05,
+        gt=0,
+        description="Longest a routing decision waits for the TTL ledger; when Redis is "
+        "slower or down the router routes without pins for a few seconds.",
+    )
+
+    @model_validator(mode="after")
+    def _pinned_bound_not_tighter(self) -> RoutingConfig:
+        if self.pinned_load_factor < 1 + self.load_epsilon:
+            raise ValueError("pinned_load_factor must be at least 1 + load_epsilon")
+        return self
+
+
 class ToolserveConfig(_Strict):
     """A whole toolserve deployment."""
 
@@ -329,6 +378,9 @@ class ToolserveConfig(_Strict):
     redis: RedisConfig = Field(default_factory=RedisConfig, description="Cluster state store.")
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster.")
     server: ServerConfig = Field(default_factory=ServerConfig, description="HTTP endpoint.")
+    routing: RoutingConfig = Field(
+        default_factory=RoutingConfig, description="Choice of main-model replica per turn."
+    )
     cache_dir: Path = Field(
         default_factory=lambda: Path(
             os.environ.get("TOOLSERVE_CACHE_DIR", Path.home() / ".cache" / "toolserve")

@@ -2,16 +2,37 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ray import serve
 from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
 
-from cluster.config import ModelDeploymentConfig, ToolserveConfig
+from cluster.config import ModelDeploymentConfig, RoutingConfig, ToolserveConfig
 from deployments.ingress import OpenAIIngress
 from deployments.model_server import ModelServer
 
 MAIN_DEPLOYMENT = "main-model"
 DRAFT_DEPLOYMENT = "draft-model"
 INGRESS_DEPLOYMENT = "openai-ingress"
+
+_RAY_ROUTERS = {
+    "power_of_two": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
+    "consistent_hash": "ray.serve.experimental.consistent_hash_router.ConsistentHashRouter",
+}
+
+
+def request_router_config(routing: RoutingConfig | None, redis_url: str) -> RequestRouterConfig:
+    """The main model's router per `routing`; None (draft replicas): least loaded."""
+    if routing is None:
+        return RequestRouterConfig(request_router_class=_RAY_ROUTERS["power_of_two"])
+    if routing.policy != "session":
+        return RequestRouterConfig(request_router_class=_RAY_ROUTERS[routing.policy])
+    kwargs: dict[str, Any] = routing.model_dump() | {"redis_url": redis_url}
+    kwargs.pop("policy")
+    return RequestRouterConfig(
+        request_router_class="router.serve_router.SessionRouter", request_router_kwargs=kwargs
+    )
 
 
 def _model_deployment(
@@ -21,6 +42,7 @@ def _model_deployment(
     role: str,
     config: ToolserveConfig,
     redis_url: str,
+    routing: RoutingConfig | None,
 ) -> Application:
     return (
         serve.deployment(ModelServer)
@@ -32,6 +54,7 @@ def _model_deployment(
                 "num_cpus": deployment.num_cpus,
                 "num_gpus": deployment.num_gpus,
             },
+            request_router_config=request_router_config(routing, redis_url),
             health_check_period_s=10,
             health_check_timeout_s=30,
             graceful_shutdown_timeout_s=20,
@@ -47,13 +70,19 @@ def build_application(
     redis_url: str,
 ) -> Application:
     main = _model_deployment(
-        MAIN_DEPLOYMENT, config.main, resolved_main_model, "main", config, redis_url
+        MAIN_DEPLOYMENT,
+        config.main,
+        resolved_main_model,
+        "main",
+        config,
+        redis_url,
+        config.routing,
     )
     draft = None
     if config.draft is not None:
         assert resolved_draft_model is not None
         draft = _model_deployment(
-            DRAFT_DEPLOYMENT, config.draft, resolved_draft_model, "draft", config, redis_url
+            DRAFT_DEPLOYMENT, config.draft, resolved_draft_model, "draft", config, redis_url, None
         )
     return (
         serve.deployment(OpenAIIngress)

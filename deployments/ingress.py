@@ -14,10 +14,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from ray import serve
-from ray.serve.handle import DeploymentHandle
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from cluster.store import ClusterStore
+from cluster.store import ClusterStore, PinningControl
 from deployments.errors import ApiError, engine_not_ready, invalid_request, model_not_found
 from deployments.model_server import EngineState, EngineStatus, ReplyHead
 from deployments.pinning.settings import LAST_STEP_ARG
@@ -26,6 +26,9 @@ SESSION_HEADER = "X-Session-ID"
 ONESHOT_PREFIX = "oneshot-"
 REPLICA_HEADER = "X-Toolserve-Replica"
 _STATUS_TIMEOUT_S = 10.0
+# A turn whose replica died before answering is sent again (nothing reached the
+# client yet); the router then picks a live replica.
+_REPLICA_LOSS_RETRIES = 2
 
 app = FastAPI(title="toolserve", docs_url=None, redoc_url=None)
 
@@ -246,11 +249,9 @@ class OpenAIIngress:
             mark_last_step(body)
         headers = {SESSION_HEADER: program_id}
 
-        stream = self._main.options(stream=True).chat.remote(body)
         try:
-            head: ReplyHead = await stream.__anext__()
+            stream, head = await self._start_chat(body, program_id)
         except Exception as error:
-            stream.cancel()
             unavailable = engine_not_ready(f"model replica unavailable: {type(error).__name__}")
             self._count(route, unavailable.status)
             return error_response(unavailable, headers)
@@ -264,12 +265,39 @@ class OpenAIIngress:
             return JSONResponse(head.body, headers=headers)
         return StreamingResponse(_relay(stream), media_type="text/event-stream", headers=headers)
 
+    async def _start_chat(
+        self, body: dict[str, Any], program_id: str
+    ) -> tuple[DeploymentResponseGenerator, ReplyHead]:
+        """Sends the turn to a main replica (chosen by the router from the program id)
+        and waits for its reply head."""
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        handle = self._main.options(stream=True, session_id=program_id)
+        retries_left = _REPLICA_LOSS_RETRIES
+        while True:
+            stream = handle.chat.remote(body)
+            try:
+                head: ReplyHead = await stream.__anext__()
+            except (RayActorError, ActorUnavailableError):
+                stream.cancel()
+                if retries_left == 0:
+                    raise
+                retries_left -= 1
+            except BaseException:
+                stream.cancel()
+                raise
+            else:
+                return stream, head
+
     @app.delete("/v1/sessions/{program_id}")
     async def end_session(self, program_id: str) -> Response:
-        """The client's agent is done: release the program's pinned KV now."""
+        """The client's agent is done: release the program's pinned KV now, on
+        whichever replica holds it."""
         route = "sessions"
         try:
-            await self._main.end_program.remote(program_id)
+            ended = PinningControl("end_program", program_id)
+            if await self._store.send_pinning_control(ended) == 0:
+                await self._main.end_program.remote(program_id)  # Redis down: one replica
         except Exception as error:
             unavailable = engine_not_ready(f"model replica unavailable: {type(error).__name__}")
             self._count(route, unavailable.status)

@@ -142,6 +142,8 @@ class ModelServer:
                 engine,
                 self._pinning_settings.prefill_profile_lengths,
                 self._deployment.engine.max_model_len,
+                self._replica_id,
+                self._pinning_settings.redis_url,
             )
             await pinning.start(self._cache_dir, self._profile_fingerprint())
             self._pinning = pinning

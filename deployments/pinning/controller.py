@@ -21,6 +21,7 @@ class ReleaseReason(enum.StrEnum):
     PROGRAM_END = "program_end"
     NO_TOOL_CALL = "no_tool_call"
     PRESSURE = "pressure"
+    MOVED = "moved"
 
 
 @dataclass
@@ -198,6 +199,10 @@ class PinningController:
         if program is not None and program.turns:
             self.cost_model.observe_program_completed(program.turns)
         return self._release(program_id, ReleaseReason.PROGRAM_END)
+
+    def release_moved(self, program_id: str) -> list[Pin]:
+        """The router sent the program's next turn to another replica."""
+        return self._release(program_id, ReleaseReason.MOVED)
 
     def expire(self, now: float) -> list[Pin]:
         expired = [pin.program_id for pin in self._pins.values() if pin.expires_at <= now]

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cluster.store import ClusterStore
 from deployments.pinning.plugin import UTILITY_METHOD
 from deployments.pinning.ttl_policy import PrefillProfile
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("toolserve.pinning.replica")
 
 _STATS_PERIOD_S = 5.0
+CONTROL_OPERATIONS = ("end_program", "release_pin")
 _TTL_BOUNDARIES = [0.25, 0.5, 1, 2, 4, 8, 15, 30, 60]
 _TOOL_DURATION_BOUNDARIES = [0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120]
 
@@ -73,8 +75,17 @@ def profile_cache_path(cache_dir: Path, fingerprint: dict[str, Any]) -> Path:
 class EnginePinning:
     """One replica's control of its engine's pins."""
 
-    def __init__(self, engine: AsyncLLM, configured_lengths: list[int], max_model_len: int):
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        configured_lengths: list[int],
+        max_model_len: int,
+        replica_id: str,
+        redis_url: str | None,
+    ):
         self._engine = engine
+        self._replica_id = replica_id
+        self._redis_url = redis_url
         self._lengths = profile_lengths(configured_lengths, max_model_len)
         self._background: set[asyncio.Task[Any]] = set()
         self._metrics: _PinningMetrics | None = None
@@ -99,6 +110,8 @@ class EnginePinning:
         """Load or measure the prefill profile, then export stats periodically."""
         self._metrics = _PinningMetrics()
         self._spawn(self._export_stats())
+        if self._redis_url is not None:
+            self._spawn(self._follow_control_channel(self._redis_url))
         path = profile_cache_path(cache_dir, fingerprint | {"lengths": self._lengths})
         profile: PrefillProfile | None
         try:
@@ -144,6 +157,24 @@ class EnginePinning:
             if self._metrics is not None:
                 self._metrics.record(stats)
 
+    async def _follow_control_channel(self, redis_url: str) -> None:
+        """Ends programs the client closed and releases pins of programs the router
+        moved, whichever replica the request reached."""
+        store = ClusterStore(redis_url)
+        try:
+            async for message in store.pinning_control_messages():
+                if message.replica_id not in (None, self._replica_id):
+                    continue
+                if message.operation not in CONTROL_OPERATIONS:
+                    logger.warning("ignoring pinning control %r", message.operation)
+                    continue
+                try:
+                    await self._control(message.operation, message.program_id)
+                except Exception as error:  # the engine may be restarting
+                    logger.warning("pinning control %s failed: %s", message, error)
+        finally:
+            await store.close()
+
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._background.add(task)
@@ -185,7 +216,7 @@ class _PinningMetrics:
             "toolserve_kv_pin_releases",
             description=(
                 "KV pins released, by reason "
-                "(next_turn, expiry, program_end, no_tool_call, pressure)."
+                "(next_turn, expiry, program_end, no_tool_call, pressure, moved)."
             ),
             tag_keys=("reason",),
         )

@@ -141,6 +141,9 @@ class PinningSchedulerMixin:
         elif operation == "end_program":
             (program_id,) = arguments
             self._release(self._pinning.end_program(program_id))
+        elif operation == "release_pin":
+            (program_id,) = arguments
+            self._release(self._pinning.release_moved(program_id))
         elif operation == "set_prefill_profile":
             self._pinning.cost_model.prefill_profile = PrefillProfile(*arguments)
         elif operation == "stats":

@@ -144,6 +144,18 @@ def test_queueing_delay_is_learned_from_returning_turns_that_lost_their_kv() -> 
     assert pins.take_stats().pin_hits == 0
 
 
+def test_a_moved_program_loses_its_pin_but_records_no_program_length() -> None:
+    pins = controller()
+    pins.on_arrival("a", 0.0)
+    finish_turn(pins, "a", 1.0)
+    memoryfulness = pins.cost_model.memoryfulness
+    assert [pin.program_id for pin in pins.release_moved("a")] == ["a"]
+    assert pins.pinned_blocks == 0 and pins.release_moved("a") == []
+    assert pins.take_stats().releases == {"moved": 1}
+    assert pins.cost_model.memoryfulness == memoryfulness
+    assert pins.on_arrival("a", 5.0) == 0.0
+
+
 def test_program_end_records_its_length_for_memoryfulness() -> None:
     pins = controller()
     for program, turns in [("a", 3), ("b", 5)]:

@@ -1,0 +1,205 @@
+"""Ray Serve request router for main-model replicas: asks the TTL ledger where a
+program's KV is pinned, lets `RoutingPolicy` choose, and keeps the books (in-flight
+load per replica, the router's program directory, stale pins, metrics).
+
+Runs inside the ingress's deployment handle, on Serve's router event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+from ray.serve._private.common import ReplicaID
+from ray.serve._private.request_router.common import PendingRequest
+from ray.serve._private.request_router.replica_wrapper import RunningReplica
+from ray.serve._private.request_router.request_router import RequestRouter
+from redis.exceptions import RedisError
+
+from cluster.config import RoutingConfig
+from cluster.store import ClusterStore, PinningControl
+from router.policy import ProgramDirectory, RoutingDecision, RoutingPolicy, RoutingReason
+from router.prefix import shared_prefix_key
+
+logger = logging.getLogger("toolserve.router")
+
+ROUTED_METHOD = "chat"
+_LEDGER_PAUSE_S = 5.0
+
+
+class _RouterMetrics:
+    def __init__(self) -> None:
+        from ray.serve.metrics import Counter as MetricCounter
+        from ray.serve.metrics import Gauge
+
+        self.routed = MetricCounter(
+            "toolserve_router_requests",
+            description="Main-model requests routed, by reason "
+            "(pinned, sticky, prefix, hashed, fallback).",
+            tag_keys=("reason",),
+        )
+        self.pinned_turns = MetricCounter(
+            "toolserve_router_pinned_turns",
+            description="Turns whose program had a pin in the TTL ledger, by outcome "
+            "(hit: sent to the pin's replica; miss: sent elsewhere).",
+            tag_keys=("outcome",),
+        )
+        self.imbalance = Gauge(
+            "toolserve_router_load_imbalance",
+            description="Most in-flight requests on one replica over the mean, at the "
+            "last routing decision.",
+        )
+
+
+class SessionRouter(RequestRouter):  # type: ignore[misc]
+    """toolserve's main-model router (`RoutingConfig.policy: session`)."""
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        redis_url = kwargs.pop("redis_url")
+        config = RoutingConfig(**kwargs)
+        self._config = config
+        self._redis_url: str | None = redis_url
+        self._store: ClusterStore | None = None
+        self._ledger_paused_until = 0.0
+        self._policy = RoutingPolicy(
+            config.load_epsilon, config.pinned_load_factor, config.virtual_nodes
+        )
+        self._directory = ProgramDirectory(
+            max_programs=config.max_remembered_programs, max_prefixes=1024
+        )
+        self._in_flight: Counter[str] = Counter()
+        self._request_replica: dict[str, str] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._metrics: _RouterMetrics | None = None
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        if (
+            pending_request is None
+            or pending_request.metadata.call_method != ROUTED_METHOD
+            or not candidate_replicas
+        ):
+            return [candidate_replicas]  # status probes and the like: least loaded
+        by_id = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
+        loads = {replica_id: self._in_flight[replica_id] for replica_id in self._open(by_id)}
+        metadata = pending_request.metadata
+        program_id = metadata.session_id or metadata.internal_request_id
+        body = pending_request.args[0] if pending_request.args else {}
+        prefix_key = (
+            shared_prefix_key(body, self._config.min_prefix_chars)
+            if isinstance(body, dict)
+            else None
+        )
+        pinned = await self._pinned_replica(program_id)
+        decision = self._policy.choose(self._directory.view(program_id, prefix_key, pinned), loads)
+        self._book(metadata.internal_request_id, program_id, prefix_key, decision, pinned, loads)
+        return [[by_id[decision.replica_id]]]
+
+    def _open(self, by_id: dict[str, RunningReplica]) -> list[str]:
+        """Replicas not known to be at max_ongoing_requests (all, if every one is)."""
+        open_ids = []
+        for replica_id, replica in by_id.items():
+            queue_len = self.replica_queue_len_cache.get(replica.replica_id)
+            if queue_len is None or queue_len < replica.max_ongoing_requests:
+                open_ids.append(replica_id)
+        return open_ids or list(by_id)
+
+    async def _pinned_replica(self, program_id: str) -> str | None:
+        if self._redis_url is None or time.monotonic() < self._ledger_paused_until:
+            return None
+        if self._store is None:
+            self._store = ClusterStore(self._redis_url)
+        try:
+            entry = await asyncio.wait_for(
+                self._store.lookup_pin(program_id), self._config.ledger_timeout_s
+            )
+        except (RedisError, OSError, TimeoutError) as error:
+            logger.warning(
+                "ttl ledger unavailable (%s); routing without pins for %.0f s",
+                type(error).__name__,
+                _LEDGER_PAUSE_S,
+            )
+            self._ledger_paused_until = time.monotonic() + _LEDGER_PAUSE_S
+            return None
+        return None if entry is None else entry.replica_id
+
+    def _book(
+        self,
+        request_id: str,
+        program_id: str,
+        prefix_key: str | None,
+        decision: RoutingDecision,
+        pinned: str | None,
+        loads: dict[str, int],
+    ) -> None:
+        # A request that waited for a full replica is chosen again: move its load.
+        previous = self._request_replica.get(request_id)
+        if previous is not None:
+            self._in_flight[previous] -= 1
+        self._request_replica[request_id] = decision.replica_id
+        self._in_flight[decision.replica_id] += 1
+        self._directory.routed(program_id, prefix_key, decision.replica_id)
+        if decision.stale_pin_replica is not None:
+            self._spawn(self._release_stale_pin(program_id, decision.stale_pin_replica))
+
+        metrics = self._metrics = self._metrics or _RouterMetrics()
+        metrics.routed.inc(tags={"reason": decision.reason.value})
+        if pinned is not None and previous is None:
+            hit = decision.reason is RoutingReason.PINNED
+            metrics.pinned_turns.inc(tags={"outcome": "hit" if hit else "miss"})
+        counts = [self._in_flight[replica_id] for replica_id in loads]
+        mean = sum(counts) / len(counts)
+        metrics.imbalance.set(max(counts) / mean if mean else 1.0)
+
+    async def _release_stale_pin(self, program_id: str, replica_id: str) -> None:
+        assert self._store is not None  # a stale pin came from the ledger
+        await self._store.drop_pin(program_id, replica_id)
+        if replica_id in self._alive_replica_ids():
+            await self._store.send_pinning_control(
+                PinningControl("release_pin", program_id, replica_id)
+            )
+
+    def _alive_replica_ids(self) -> set[str]:
+        return {replica_id.unique_id for replica_id in self._replicas}
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        booked = self._request_replica.pop(internal_request_id, None)
+        if booked is not None:
+            self._in_flight[booked] -= 1
+            if self._in_flight[booked] <= 0:
+                del self._in_flight[booked]
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        before = self._alive_replica_ids()
+        super().update_replicas(replicas)
+        for gone in before - self._alive_replica_ids():
+            self._forget_replica(gone)
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._forget_replica(replica_id.unique_id)
+
+    def _forget_replica(self, replica_id: str) -> None:
+        """A dead or draining replica: its programs and ledger entries go."""
+        self._directory.forget_replica(replica_id)
+        self._in_flight.pop(replica_id, None)
+        if self._redis_url is not None:
+            self._spawn(self._clear_pins(replica_id))
+
+    async def _clear_pins(self, replica_id: str) -> None:
+        if self._store is None and self._redis_url is not None:
+            self._store = ClusterStore(self._redis_url)
+        if self._store is not None:
+            cleared = await self._store.clear_replica_pins(replica_id)
+            logger.info("replica %s left: dropped %d ledger entries", replica_id, cleared)
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = self._event_loop.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
