@@ -113,15 +113,20 @@ class LocalCluster:
             config.main.startup_timeout_s,
             config.draft.startup_timeout_s if config.draft else 0,
         )
-        self._wait_until_healthy(endpoints.health_url, timeout)
+        wanted = {"main": config.main.num_replicas}
+        if config.draft:
+            wanted["draft"] = config.draft.num_replicas
+        self._wait_until_healthy(endpoints.health_url, timeout, wanted)
         self._log(f"ready in {time.monotonic() - started:.0f}s")
         return endpoints
 
-    def _wait_until_healthy(self, health_url: str, timeout_s: float) -> None:
+    def _wait_until_healthy(
+        self, health_url: str, timeout_s: float, wanted_replicas: dict[str, int]
+    ) -> None:
         deadline = time.monotonic() + timeout_s
         last_report = ""
         while time.monotonic() < deadline:
-            report = _health_summary(health_url)
+            report = _health_summary(health_url, wanted_replicas)
             if report != last_report:
                 self._log(f"health: {report}")
                 last_report = report
@@ -150,7 +155,9 @@ class LocalCluster:
         self._redis = None
 
 
-def _health_summary(health_url: str) -> str:
+def _health_summary(health_url: str, wanted_replicas: dict[str, int]) -> str:
+    """One line on the cluster's state; starts with "ok" once every configured
+    replica is ready (or, with Redis down, one replica of each role answers)."""
     try:
         response = httpx.get(health_url, timeout=15)
     except httpx.HTTPError as error:
@@ -170,5 +177,9 @@ def _health_summary(health_url: str) -> str:
         for engine in report.get("engines", [])
         if engine.get("state") == "failed"
     )
-    status = "ok" if response.status_code == 200 else "starting"
+    ready = report.get("ready_replicas", {})
+    all_ready = not report.get("redis") or all(
+        ready.get(role, 0) >= count for role, count in wanted_replicas.items()
+    )
+    status = "ok" if response.status_code == 200 and all_ready else "starting"
     return f"{status} ({engines}; redis={'up' if report.get('redis') else 'down'}){failures}"

@@ -144,6 +144,20 @@ class PinningControl:
     replica_id: str | None = None
 
 
+@dataclass(frozen=True)
+class ReplicaStatus:
+    """A model replica's own report of its engine, refreshed while it lives."""
+
+    replica_id: str
+    role: str
+    model: str
+    state: str
+    detail: str
+
+
+_REPLICA_STATUS_PREFIX = "toolserve:replica-status:"
+
+
 class ClusterStore:
     """Cluster-wide state in Redis, for asyncio code (ingress, router, replicas).
 
@@ -223,6 +237,30 @@ class ClusterStore:
                 await asyncio.sleep(retry_s)
             finally:
                 await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def announce_replica(
+        self, deployment_id: str, status: ReplicaStatus, ttl_s: float
+    ) -> None:
+        try:
+            await self._client.set(
+                f"{_REPLICA_STATUS_PREFIX}{deployment_id}:{status.replica_id}",
+                json.dumps(asdict(status)),
+                px=int(ttl_s * 1000),
+            )
+        except (RedisError, OSError) as error:
+            logger.warning("cannot announce replica %s: %s", status.replica_id, error)
+
+    async def replica_statuses(self, deployment_id: str) -> list[ReplicaStatus] | None:
+        """The last report of every live replica of one deployment of toolserve (one
+        `toolserve up`); None when Redis cannot answer."""
+        pattern = f"{_REPLICA_STATUS_PREFIX}{deployment_id}:*"
+        try:
+            keys = [key async for key in self._client.scan_iter(pattern)]
+            values = await self._client.mget(keys) if keys else []
+        except (RedisError, OSError) as error:
+            logger.warning("cannot read replica statuses: %s", error)
+            return None
+        return [ReplicaStatus(**json.loads(raw)) for raw in values if raw is not None]
 
     async def close(self) -> None:
         await self._client.aclose()

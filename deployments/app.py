@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from ray import serve
@@ -31,7 +32,11 @@ def request_router_config(routing: RoutingConfig | None, redis_url: str) -> Requ
     kwargs: dict[str, Any] = routing.model_dump() | {"redis_url": redis_url}
     kwargs.pop("policy")
     return RequestRouterConfig(
-        request_router_class="router.serve_router.SessionRouter", request_router_kwargs=kwargs
+        request_router_class="router.serve_router.SessionRouter",
+        request_router_kwargs=kwargs,
+        # Engine readiness reaches the router through these stats; a restarted
+        # replica's engine loads for a minute, during which it must get no turns.
+        request_routing_stats_period_s=2,
     )
 
 
@@ -43,6 +48,7 @@ def _model_deployment(
     config: ToolserveConfig,
     redis_url: str,
     routing: RoutingConfig | None,
+    deployment_id: str,
 ) -> Application:
     return (
         serve.deployment(ModelServer)
@@ -59,7 +65,7 @@ def _model_deployment(
             health_check_timeout_s=30,
             graceful_shutdown_timeout_s=20,
         )
-        .bind(deployment, resolved_model, role, redis_url, config.cache_dir)
+        .bind(deployment, resolved_model, role, redis_url, config.cache_dir, deployment_id)
     )
 
 
@@ -69,6 +75,9 @@ def build_application(
     resolved_draft_model: str | None,
     redis_url: str,
 ) -> Application:
+    # Names this deployment's replica reports in Redis, apart from any other
+    # toolserve (or an earlier run of this one) sharing the Redis.
+    deployment_id = uuid.uuid4().hex[:12]
     main = _model_deployment(
         MAIN_DEPLOYMENT,
         config.main,
@@ -77,12 +86,20 @@ def build_application(
         config,
         redis_url,
         config.routing,
+        deployment_id,
     )
     draft = None
     if config.draft is not None:
         assert resolved_draft_model is not None
         draft = _model_deployment(
-            DRAFT_DEPLOYMENT, config.draft, resolved_draft_model, "draft", config, redis_url, None
+            DRAFT_DEPLOYMENT,
+            config.draft,
+            resolved_draft_model,
+            "draft",
+            config,
+            redis_url,
+            None,
+            deployment_id,
         )
     return (
         serve.deployment(OpenAIIngress)
@@ -98,5 +115,6 @@ def build_application(
             config.main.engine.served_model_name,
             config.main.engine.max_model_len,
             redis_url,
+            deployment_id,
         )
     )

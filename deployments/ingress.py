@@ -147,6 +147,22 @@ async def _relay(stream: AsyncIterator[ReplyHead | str]) -> AsyncIterator[str]:
         yield "data: [DONE]\n\n"
 
 
+def health_report(roles: list[str], engines: list[dict[str, Any]]) -> dict[str, Any]:
+    """Ready replicas per role; a role none of whose replicas reported yet is starting."""
+    reported = {engine["role"] for engine in engines}
+    for role in roles:
+        if role not in reported:
+            engines.append(
+                {"role": role, "state": "starting", "detail": "no replica has reported yet"}
+            )
+    ready = {
+        role: sum(1 for e in engines if e["role"] == role and e["state"] == EngineState.READY.value)
+        for role in roles
+    }
+    status = "ok" if all(ready.values()) else "unavailable"
+    return {"status": status, "engines": engines, "ready_replicas": ready}
+
+
 # NOTE: Serve pickles the FastAPI app and its route functions by value when the
 # class is decorated, so every helper they call must be defined above this line.
 @serve.ingress(app)
@@ -160,6 +176,7 @@ class OpenAIIngress:
         served_model: str,
         max_model_len: int,
         redis_url: str,
+        deployment_id: str,
     ):
         # NOTE: request validation uses vLLM's request model; importing vLLM takes
         # seconds, so pay for it at start-up rather than on the first request.
@@ -171,6 +188,7 @@ class OpenAIIngress:
         self._max_model_len = max_model_len
         self._created = int(time.time())
         self._store = ClusterStore(redis_url)
+        self._deployment_id = deployment_id
         from ray.serve.metrics import Counter, Histogram
 
         self._requests = Counter(
@@ -205,14 +223,22 @@ class OpenAIIngress:
 
     @app.get("/health")
     async def health(self) -> JSONResponse:
-        engines = [await self._status_of("main", self._main)]
-        if self._draft is not None:
-            engines.append(await self._status_of("draft", self._draft))
-        redis_ok = await self._store.ping()
-        ready = all(engine["state"] == EngineState.READY.value for engine in engines)
-        report = {"status": "ok" if ready else "unavailable", "engines": engines, "redis": redis_ok}
-        if not ready:
-            not_ready = "; ".join(f"{e['role']}: {e['detail']}" for e in engines)
+        """Every replica's engine (as reported to Redis; one per role when Redis is
+        down); ok while each role has at least one ready replica."""
+        roles = {"main": self._main} | ({"draft": self._draft} if self._draft else {})
+        reports = await self._store.replica_statuses(self._deployment_id)
+        if reports is None:
+            engines = [await self._status_of(role, handle) for role, handle in roles.items()]
+        else:
+            engines = [
+                {"role": r.role, "model": r.model, "replica": r.replica_id, "state": r.state,
+                 "detail": r.detail}
+                for r in sorted(reports, key=lambda r: (r.role, r.replica_id))
+            ]  # fmt: skip
+        report = health_report(list(roles), engines) | {"redis": reports is not None}
+        if report["status"] != "ok":
+            waiting = [e for e in engines if e["state"] != EngineState.READY.value] or engines
+            not_ready = "; ".join(f"{e['role']}: {e['detail']}" for e in waiting)
             body = engine_not_ready(not_ready).body() | report
             return JSONResponse(body, status_code=503)
         return JSONResponse(report)

@@ -8,6 +8,7 @@ waiting in a queue.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import os
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cluster.config import ModelDeploymentConfig
+from cluster.store import ClusterStore, ReplicaStatus
 from deployments.errors import ApiError, engine_not_ready
 from deployments.pinning.replica import EnginePinning, tool_called, tool_called_in_chunk
 from deployments.pinning.settings import LAST_STEP_ARG, EnginePinningSettings, create_engine_config
@@ -27,6 +29,11 @@ if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
 
 logger = logging.getLogger("toolserve.model_server")
+
+# Each replica reports its engine's state to Redis (read by `/health`); a report
+# outlives a few missed refreshes, then a dead replica's report vanishes.
+_STATUS_PERIOD_S = 5.0
+_STATUS_TTL_S = 15.0
 
 
 class EngineState(enum.Enum):
@@ -64,6 +71,7 @@ class ModelServer:
         role: str,
         redis_url: str | None,
         cache_dir: Path,
+        deployment_id: str,
     ):
         self._deployment = deployment
         self._resolved_model = resolved_model
@@ -84,7 +92,14 @@ class ModelServer:
         self._detail = "engine is loading"
         self._engine: AsyncLLM | None = None
         self._serving_chat: OpenAIServingChat | None = None
-        self._start_task = asyncio.get_running_loop().create_task(self._start_engine())
+        loop = asyncio.get_running_loop()
+        self._state_changed = asyncio.Event()
+        self._start_task = loop.create_task(self._start_engine())
+        self._status_task = (
+            loop.create_task(self._report_status(ClusterStore(redis_url), deployment_id))
+            if redis_url
+            else None
+        )
 
     async def _start_engine(self) -> None:
         try:
@@ -96,6 +111,21 @@ class ModelServer:
         else:
             self._state = EngineState.READY
             self._detail = "engine is ready"
+        self._state_changed.set()
+
+    async def _report_status(self, store: ClusterStore, deployment_id: str) -> None:
+        while True:
+            self._state_changed.clear()
+            status = self.status()
+            await store.announce_replica(
+                deployment_id,
+                ReplicaStatus(
+                    status.replica_id, status.role, status.model, status.state.value, status.detail
+                ),
+                _STATUS_TTL_S,
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._state_changed.wait(), _STATUS_PERIOD_S)
 
     async def _load(self) -> None:
         from starlette.datastructures import State
@@ -168,6 +198,11 @@ class ModelServer:
             detail=self._detail,
         )
 
+    def record_routing_stats(self) -> dict[str, Any]:
+        """Read by the session router (through Serve's controller): a replica whose
+        engine is still loading gets no turns while another replica is ready."""
+        return {"engine_ready": self._state is EngineState.READY}
+
     async def check_health(self) -> None:
         """Ray Serve's health probe: a dead engine makes Serve replace the replica."""
         if self._engine is not None and self._state is EngineState.READY:
@@ -228,6 +263,8 @@ class ModelServer:
         return True
 
     def __del__(self) -> None:
+        if self._status_task is not None:
+            self._status_task.cancel()
         if self._pinning is not None:
             self._pinning.stop()
         if self._engine is not None:

@@ -54,6 +54,13 @@ class _RouterMetrics:
         )
 
 
+def _serving(replicas: list[RunningReplica]) -> list[RunningReplica]:
+    """Replicas whose engine is ready (`ModelServer.record_routing_stats`); all of
+    them while none is, so requests get the loading replica's clear 503."""
+    ready = [replica for replica in replicas if replica.routing_stats.get("engine_ready")]
+    return ready or replicas
+
+
 class SessionRouter(RequestRouter):  # type: ignore[misc]
     """toolserve's main-model router (`RoutingConfig.policy: session`)."""
 
@@ -86,7 +93,7 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
             or not candidate_replicas
         ):
             return [candidate_replicas]  # status probes and the like: least loaded
-        by_id = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
+        by_id = {replica.replica_id.unique_id: replica for replica in _serving(candidate_replicas)}
         loads = {replica_id: self._in_flight[replica_id] for replica_id in self._open(by_id)}
         metadata = pending_request.metadata
         program_id = metadata.session_id or metadata.internal_request_id

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from deployments.errors import ApiError
-from deployments.ingress import _Rejected, parse_chat_body, program_id_for
+from deployments.ingress import _Rejected, health_report, parse_chat_body, program_id_for
 
 MODELS = ["smollm2-135m"]
 
@@ -125,3 +125,19 @@ def test_requests_without_a_program_are_their_programs_last_step() -> None:
     bare: dict[str, Any] = {}
     mark_last_step(bare)
     assert bare["vllm_xargs"] == {LAST_STEP_ARG: 1}
+
+
+def test_health_needs_a_ready_replica_of_every_role() -> None:
+    engines = [
+        {"role": "main", "replica": "a", "state": "ready", "detail": "engine is ready"},
+        {"role": "main", "replica": "b", "state": "starting", "detail": "engine is loading"},
+    ]
+    report = health_report(["main", "draft"], list(engines))
+    assert report["status"] == "unavailable"
+    assert report["ready_replicas"] == {"main": 1, "draft": 0}
+    assert {"role": "draft", "state": "starting", "detail": "no replica has reported yet"} in (
+        report["engines"]
+    )
+    assert health_report(["main"], list(engines))["status"] == "ok"
+    failed = [engines[0] | {"state": "failed"}]
+    assert health_report(["main"], failed)["ready_replicas"] == {"main": 0}
