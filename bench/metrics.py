@@ -234,8 +234,15 @@ def kv_cache_size_tokens(metrics_text: str) -> int | None:
     return max(sizes, default=None)
 
 
-def reported_rates(metrics_text: str) -> dict[str, float | None]:
-    """Every rate in RATE_NAMES: the system's figure, or None when it reports none."""
+def reported_rates(
+    metrics_text: str, returning_turns: int | None = None
+) -> dict[str, float | None]:
+    """Every rate in RATE_NAMES: the system's figure, or None when it reports none.
+
+    `returning_turns`, the client's count of turns after a program's first, replaces
+    the engines' own count in the pinned-KV reuse rate: with several replicas a turn
+    sent to a replica its program never ran on is a miss no engine counts.
+    """
     totals = counter_totals(metrics_text)
 
     def summed(fragment: str) -> float:
@@ -247,4 +254,7 @@ def reported_rates(metrics_text: str) -> dict[str, float | None]:
     rates: dict[str, float | None] = dict.fromkeys(RATE_NAMES)
     for rate, (hits, lookups) in REPORTED_RATES.items():
         rates[rate] = _rate(summed(hits), summed(lookups))
+    pin_hits, engine_returning = REPORTED_RATES["pinned_kv_reuse_rate"]
+    if returning_turns and summed(engine_returning):
+        rates["pinned_kv_reuse_rate"] = summed(pin_hits) / returning_turns
     return rates

@@ -53,6 +53,7 @@ class BenchOptions:
     model: str | None = None
     kv_cache_mib: int | None = None
     show_progress: bool = True
+    config_overrides: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -77,7 +78,7 @@ def _raw_config(options: BenchOptions) -> dict[str, Any]:
             {"main.engine.model": options.model}
             | ({"draft.engine.model": options.model} if raw.get("draft") else {}),
         )
-    return raw
+    return with_overrides(raw, options.config_overrides)
 
 
 def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
@@ -182,7 +183,8 @@ def _run_system(
     system_runs.requests += result.requests
     system_runs.wall_s += result.wall_s
     system_runs.startup_s.append(startup)
-    system_runs.rates.append(reported_rates(metrics_text))
+    returning_turns = sum(request.turn_index > 0 for request in result.requests)
+    system_runs.rates.append(reported_rates(metrics_text, returning_turns))
     system_runs.kv_cache_tokens = kv_cache_size_tokens(metrics_text) or system_runs.kv_cache_tokens
     failed = sum(program.error is not None for program in result.programs)
     log(

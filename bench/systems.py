@@ -36,6 +36,12 @@ _STOP_GRACE_S = 90.0
 ABLATIONS: dict[str, dict[str, Any]] = {
     "pinning": {"main.pinning.mode": "off", "main.pinning.program_fcfs": False},
 }
+# toolserve with Ray Serve's own routers in place of its session router; they only
+# differ from it with several main replicas (`--set main.num_replicas=2`).
+ROUTER_VARIANTS: dict[str, dict[str, Any]] = {
+    "toolserve-pow2-router": {"routing.policy": "power_of_two"},
+    "toolserve-hash-router": {"routing.policy": "consistent_hash"},
+}
 
 
 @dataclass(frozen=True)
@@ -283,15 +289,18 @@ def system_catalog() -> dict[str, SystemSpec]:
     for mechanism, overrides in ABLATIONS.items():
         name = f"toolserve-no-{mechanism}"
         catalog[name] = SystemSpec(name, "toolserve", overrides)
+    for name, overrides in ROUTER_VARIANTS.items():
+        catalog[name] = SystemSpec(name, "toolserve", overrides)
     return catalog
 
 
 def default_systems(size: str) -> tuple[str, ...]:
-    """Every system at the default size; the quick size keeps to the baselines and
-    toolserve so it stays within minutes (each system start costs one to two)."""
+    """The baselines, toolserve and its ablations at the default size; the quick
+    size keeps to the baselines and toolserve so it stays within minutes (each
+    system start costs one to two). Router variants run when named."""
     if size == "quick":
         return BASELINE_SYSTEMS
-    return tuple(system_catalog())
+    return BASELINE_SYSTEMS + tuple(f"toolserve-no-{mechanism}" for mechanism in ABLATIONS)
 
 
 def scrape_metrics(metrics_url: str) -> str:

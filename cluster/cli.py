@@ -6,6 +6,9 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from cluster.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
 
@@ -84,6 +87,7 @@ def _bench(args: argparse.Namespace) -> int:
         model=args.model,
         kv_cache_mib=args.kv_cache_mib,
         show_progress=not args.no_progress,
+        config_overrides=dict(args.overrides),
     )
     stop_on_signals()
     try:
@@ -95,6 +99,16 @@ def _bench(args: argparse.Namespace) -> int:
         _log(f"error: {error}")
         return 2
     return 0
+
+
+def _config_override(text: str) -> tuple[str, Any]:
+    path, separator, value = text.partition("=")
+    if not separator or not path:
+        raise argparse.ArgumentTypeError(f"expected PATH=VALUE, got {text!r}")
+    try:
+        return path, yaml.safe_load(value)
+    except yaml.YAMLError as error:
+        raise argparse.ArgumentTypeError(f"{path}: value is not YAML: {error}") from error
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,6 +146,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH, help="toolserve profile")
     bench.add_argument("--model", help="model for every system (default: the profile's)")
     bench.add_argument("--kv-cache-mib", type=int, help="KV budget (default: the workload's)")
+    bench.add_argument(
+        "--set",
+        dest="overrides",
+        type=_config_override,
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="override a profile setting for every system, e.g. main.num_replicas=2 "
+        "(VALUE is YAML; repeatable)",
+    )
     bench.add_argument("--output", type=Path, default=Path("bench/results"))
     bench.add_argument("--name", help="run name (default: time, workload and size)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -242,9 +242,25 @@ class ModelDeploymentConfig(_Strict):
         "per NUMA node, `nobind` leaves threads unbound). Set it per replica: the "
         "default binds to the whole node and ignores Ray's num_cpus.",
     )
+    cpu_threads_bind_by_local_rank: list[str] = Field(
+        default_factory=list,
+        description="CPU backend only: core sets per replica, indexed by the replica's "
+        "rank on its node (modulo the list's length), e.g. `['0', '1']` for two "
+        "one-core replicas on a 2-core machine. Empty: every replica binds "
+        "`cpu_threads_bind`.",
+    )
     max_ongoing_requests: int = Field(
         default=256, ge=1, description="Requests Ray Serve lets one replica hold at once."
     )
+
+    def cpu_binding(self, local_rank: int) -> str:
+        """The cores the engine of the replica with this node-local rank binds."""
+        if not self.cpu_threads_bind_by_local_rank:
+            return self.cpu_threads_bind
+        return self.cpu_threads_bind_by_local_rank[
+            local_rank % len(self.cpu_threads_bind_by_local_rank)
+        ]
+
     startup_timeout_s: float = Field(
         default=900,
         gt=0,

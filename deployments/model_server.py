@@ -77,6 +77,7 @@ class ModelServer:
         self._resolved_model = resolved_model
         self._role = role
         self._replica_id = _current_replica_id()
+        self._cpu_binding = deployment.cpu_binding(_current_local_rank())
         self._cache_dir = cache_dir
         self._pinning_settings = (
             EnginePinningSettings(
@@ -136,7 +137,7 @@ class ModelServer:
         from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
         if self._deployment.num_gpus == 0:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self._deployment.cpu_threads_bind
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self._cpu_binding
         engine_args, vllm_config = create_engine_config(
             self._deployment.engine.engine_kwargs(self._resolved_model),
             self._pinning_settings,
@@ -185,7 +186,7 @@ class ModelServer:
             "dtype": engine.dtype,
             "block_size": engine.block_size,
             "tensor_parallel_size": engine.tensor_parallel_size,
-            "cpu_threads_bind": self._deployment.cpu_threads_bind,
+            "cpu_threads_bind": self._cpu_binding,
             "num_gpus": self._deployment.num_gpus,
         }
 
@@ -274,6 +275,16 @@ class ModelServer:
 def _is_last_step(body: dict[str, Any]) -> bool:
     extra_args = body.get("vllm_xargs")
     return isinstance(extra_args, dict) and bool(extra_args.get(LAST_STEP_ARG))
+
+
+def _current_local_rank() -> int:
+    from ray import serve
+
+    try:
+        rank = serve.get_replica_context().rank
+    except RuntimeError:
+        return 0
+    return int(getattr(rank, "local_rank", 0) or 0)
 
 
 def _current_replica_id() -> str:

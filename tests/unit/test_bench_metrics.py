@@ -187,6 +187,12 @@ def test_reported_rates_come_from_prometheus_counters() -> None:
     assert rates["engine_prefix_hit_rate"] == pytest.approx(800 / 2000)
     assert rates["pinned_kv_reuse_rate"] == pytest.approx(30 / 40)
     assert rates["tool_cache_hit_rate"] is None  # not reported by this system
+    # Turns the engines never saw return (another replica) count as misses.
+    assert reported_rates(PROMETHEUS_TEXT, returning_turns=60)["pinned_kv_reuse_rate"] == (
+        pytest.approx(30 / 60)
+    )
+    no_pinning = PROMETHEUS_TEXT.split("# HELP ray_toolserve_kv_pin_hits_total")[0]
+    assert reported_rates(no_pinning, returning_turns=60)["pinned_kv_reuse_rate"] is None
 
 
 def test_kv_capacity_is_read_from_the_engines_cache_config() -> None:
@@ -270,15 +276,16 @@ def test_catalog_has_the_baselines_and_toolserve() -> None:
     catalog = system_catalog()
     assert {"stock-vllm", "stock-ray-serve-llm", "toolserve"} <= catalog.keys()
     for name, spec in catalog.items():
-        if name.startswith("toolserve-no-"):
+        if name.startswith("toolserve-"):
             assert spec.kind == "toolserve" and spec.overrides
 
 
 def test_quick_size_leaves_ablations_to_an_explicit_choice() -> None:
     assert default_systems("quick") == ("stock-vllm", "stock-ray-serve-llm", "toolserve")
     everything = default_systems("default")
-    assert everything == tuple(system_catalog())
+    assert set(everything) <= system_catalog().keys()
     assert "toolserve-no-pinning" in everything
+    assert "toolserve-pow2-router" not in everything  # a multi-replica comparison
 
 
 def test_summary_report_and_plots(tmp_path: Path) -> None:

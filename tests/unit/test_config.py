@@ -126,3 +126,10 @@ def test_embedded_default_pins_on_the_main_model_only() -> None:
     config = load_config()
     assert config.main.pinning.mode == "cost_model" and config.main.pinning.program_fcfs
     assert config.draft is not None and not config.draft.pinning.enabled
+
+
+def test_replicas_bind_cores_by_their_node_local_rank() -> None:
+    main = load_config().main
+    assert main.cpu_binding(0) == main.cpu_binding(3) == main.cpu_threads_bind
+    split = main.model_copy(update={"cpu_threads_bind_by_local_rank": ["0", "1"]})
+    assert [split.cpu_binding(rank) for rank in range(3)] == ["0", "1", "0"]

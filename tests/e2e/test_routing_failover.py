@@ -1,0 +1,123 @@
+"""Two main-model replicas behind the session router, on the real stack: every turn
+of a program lands on one replica; when that replica dies between turns, the next
+turn is served by the other, no request fails, and the dead replica's TTL-ledger
+entry goes away (long before its pin would have expired)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from openai import OpenAI
+
+from cluster.config import ToolserveConfig, load_config
+from cluster.launcher import Endpoints, LocalCluster
+from cluster.net import free_port
+from cluster.store import TtlLedger
+from deployments.app import MAIN_DEPLOYMENT
+from deployments.ingress import REPLICA_HEADER, SESSION_HEADER
+
+pytestmark = pytest.mark.e2e
+
+PIN_TTL_S = 120.0
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a text file of the project.",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
+        },
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def two_replica_config() -> ToolserveConfig:
+    config = load_config()
+    pinning = config.main.pinning.model_copy(
+        update={"mode": "fixed", "fixed_ttl_s": PIN_TTL_S, "max_ttl_s": PIN_TTL_S}
+    )
+    return config.model_copy(
+        update={
+            "name": "toolserve-routing",
+            "draft": None,
+            "main": config.main.model_copy(update={"num_replicas": 2, "pinning": pinning}),
+            "server": config.server.model_copy(update={"port": free_port()}),
+            "ray": config.ray.model_copy(update={"metrics_export_port": free_port()}),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def two_replicas(two_replica_config: ToolserveConfig) -> Iterator[Endpoints]:
+    with LocalCluster(two_replica_config, log=lambda line: print(f"[routing] {line}")) as cluster:
+        yield cluster
+
+
+def _turn(client: OpenAI, model: str, program: str, messages: list[Any]) -> str:
+    """One tool-calling turn; appends the reply and a tool result; returns the replica."""
+    raw = client.chat.completions.with_raw_response.create(
+        model=model,
+        messages=messages,
+        tools=TOOLS,  # type: ignore[arg-type]
+        tool_choice="required",
+        max_tokens=48,
+        temperature=0,
+        extra_headers={SESSION_HEADER: program},
+    )
+    message = raw.parse().choices[0].message
+    assert message.tool_calls, "tool_choice=required must yield a call"
+    call = message.tool_calls[0]
+    messages.append(message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": "def main(): pass\n"})
+    return raw.headers[REPLICA_HEADER]
+
+
+def _wait_for(condition: Any, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_turns_follow_the_pin_and_fail_over_when_its_replica_dies(
+    two_replicas: Endpoints, two_replica_config: ToolserveConfig
+) -> None:
+    import ray
+
+    health = httpx.get(two_replicas.health_url, timeout=30).json()
+    assert health["ready_replicas"] == {"main": 2}
+    model = two_replica_config.main.engine.served_model_name
+    client = OpenAI(base_url=two_replicas.api_base, api_key="test", max_retries=0, timeout=120)
+    ledger = TtlLedger(two_replicas.redis_url)
+    program = f"routing-{time.time_ns()}"
+    messages: list[Any] = [
+        {"role": "system", "content": "You fix bugs. Read files with read_file."},
+        {"role": "user", "content": "The crash is in app.py or util.py. Read them."},
+    ]
+
+    served = [_turn(client, model, program, messages) for _ in range(3)]
+    assert len(set(served)) == 1, served
+    owner = served[0]
+    assert _wait_for(lambda: getattr(ledger.lookup(program), "replica_id", None) == owner, 10)
+
+    replica_actor = f"SERVE_REPLICA::{two_replica_config.name}#{MAIN_DEPLOYMENT}#{owner}"
+    ray.kill(ray.get_actor(replica_actor, namespace="serve"))
+
+    after = [_turn(client, model, program, messages) for _ in range(2)]
+    assert owner not in after and len(set(after)) == 1, (owner, after)
+    assert _wait_for(lambda: getattr(ledger.lookup(program), "replica_id", None) != owner, 30)
+    raw = redis.Redis.from_url(two_replicas.redis_url)
+    assert _wait_for(lambda: raw.exists(f"toolserve:ttl-ledger:replica:{owner}") == 0, 30)
+    ledger.close()
