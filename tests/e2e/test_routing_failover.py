@@ -50,7 +50,13 @@ def two_replica_config() -> ToolserveConfig:
         update={
             "name": "toolserve-routing",
             "draft": None,
-            "main": config.main.model_copy(update={"num_replicas": 2, "pinning": pinning}),
+            "main": config.main.model_copy(
+                update={
+                    "num_replicas": 2,
+                    "cpu_threads_bind_by_local_rank": ["0", "1"],
+                    "pinning": pinning,
+                }
+            ),
             "server": config.server.model_copy(update={"port": free_port()}),
             "ray": config.ray.model_copy(update={"metrics_export_port": free_port()}),
         }
