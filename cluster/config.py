@@ -178,7 +178,12 @@ class PinningConfig(_Strict):
         description="TTL in `fixed` mode, and in `cost_model` mode for a tool with "
         "fewer than `min_tool_samples` observed durations.",
     )
-    max_ttl_s: float = Field(default=30.0, gt=0, description="Longest TTL any pin gets.")
+    max_ttl_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Longest TTL any pin gets; a program not back this long after a "
+        "turn counts for the cost model as never coming back after that tool.",
+    )
     max_pinned_fraction: float = Field(
         default=0.5,
         gt=0,

@@ -8,18 +8,23 @@ class decides on, so the policy is tested without an engine.
 from __future__ import annotations
 
 import enum
-from collections import Counter, OrderedDict
+import math
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.pinning.ttl_policy import TtlCostModel
+
+# Turns that end without a tool call are a class of their own for the cost model:
+# agents often go on after them (a truncated or unusable reply, a nudge, a new
+# user message), and how often and how soon is learned like a tool's duration.
+NO_TOOL_CALL = "(no tool call)"
 
 
 class ReleaseReason(enum.StrEnum):
     NEXT_TURN = "next_turn"
     EXPIRY = "expiry"
     PROGRAM_END = "program_end"
-    NO_TOOL_CALL = "no_tool_call"
     PRESSURE = "pressure"
     MOVED = "moved"
 
@@ -55,6 +60,8 @@ class _Program:
     tool: str | None = None
     waiting_since: float | None = None
     pinned_on_arrival: bool = False
+    awaiting_return: bool = False
+    last_arrival: float = 0.0
 
 
 @dataclass
@@ -100,6 +107,9 @@ class PinningController:
         self._pinned_blocks = 0
         self._stats = PinningStats()
         self._ledger_changes: list[LedgerChange] = []
+        # (finish time, program) of turns whose program has not come back yet: one
+        # still away after the longest TTL counts as "never back" for its tool.
+        self._away: deque[tuple[float, str]] = deque()
 
     @property
     def pins(self) -> list[Pin]:
@@ -123,12 +133,12 @@ class PinningController:
         """A turn of the program arrived; returns the program's first arrival."""
         program = self._program(program_id, now)
         program.turns += 1
+        program.last_arrival = now
         if program.finished_at is not None:
             self._stats.returning_turns += 1
-            if program.tool is not None:
-                duration = now - program.finished_at
-                self.cost_model.observe_tool_duration(program.tool, duration)
-                self._stats.tool_durations_s.append((program.tool, duration))
+            if program.tool is not None and program.awaiting_return:
+                self._observe_return(program.tool, now - program.finished_at)
+            program.awaiting_return = False
             program.waiting_since = now
             program.pinned_on_arrival = program_id in self._pins
         return program.first_arrival
@@ -152,6 +162,7 @@ class PinningController:
         program = self._program(program_id, now)
         program.finished_at = now
         program.tool = None
+        program.awaiting_return = False
         released = self._release(program_id, ReleaseReason.NEXT_TURN)
         if last_step:
             return False, released + self.end_program(program_id)
@@ -173,15 +184,19 @@ class PinningController:
     def on_turn_ended(self, program_id: str, tool: str | None, now: float) -> list[Pin]:
         """The front end parsed the finished turn: it called `tool`, or none (None).
 
-        A turn without a tool call has nothing to wait for, so its pin goes; the
-        program stays known, since a client may go on (a new user message, a retry
-        after a truncated reply). Programs end by the last-step hint or the client.
+        Either way the program may come back; the cost model sets the pin's TTL
+        from how soon programs came back after such turns (or a fixed TTL until it
+        has seen enough). Programs end by the last-step hint or the client.
         """
-        if tool is None:
-            return self._release(program_id, ReleaseReason.NO_TOOL_CALL)
+        tool = tool or NO_TOOL_CALL
         program = self._programs.get(program_id)
-        if program is not None:
+        if program is not None and program.finished_at is not None:
             program.tool = tool
+            if program.last_arrival > program.finished_at:  # back before this report
+                self._observe_return(tool, program.last_arrival - program.finished_at)
+            else:
+                program.awaiting_return = True
+                self._away.append((program.finished_at, program_id))
         pin = self._pins.get(program_id)
         if pin is None:
             return []
@@ -205,10 +220,29 @@ class PinningController:
         return self._release(program_id, ReleaseReason.MOVED)
 
     def expire(self, now: float) -> list[Pin]:
+        self._count_programs_not_back(now)
         expired = [pin.program_id for pin in self._pins.values() if pin.expires_at <= now]
         return [
             pin for program_id in expired for pin in self._release(program_id, ReleaseReason.EXPIRY)
         ]
+
+    def _observe_return(self, tool: str, duration: float) -> None:
+        self.cost_model.observe_tool_duration(tool, duration)
+        self._stats.tool_durations_s.append((tool, duration))
+
+    def _count_programs_not_back(self, now: float) -> None:
+        horizon = now - self.cost_model.max_ttl_s
+        while self._away and self._away[0][0] < horizon:
+            finished_at, program_id = self._away.popleft()
+            program = self._programs.get(program_id)
+            if (
+                program is not None
+                and program.awaiting_return
+                and program.finished_at == finished_at
+                and program.tool is not None
+            ):
+                program.awaiting_return = False
+                self.cost_model.observe_tool_duration(program.tool, math.inf)
 
     def latest_arrived_pin(self) -> Pin | None:
         return max(self._pins.values(), key=lambda pin: pin.program_arrival, default=None)

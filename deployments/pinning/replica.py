@@ -215,8 +215,7 @@ class _PinningMetrics:
         self._releases = Counter(
             "toolserve_kv_pin_releases",
             description=(
-                "KV pins released, by reason "
-                "(next_turn, expiry, program_end, no_tool_call, pressure, moved)."
+                "KV pins released, by reason (next_turn, expiry, program_end, pressure, moved)."
             ),
             tag_keys=("reason",),
         )

@@ -3,7 +3,9 @@
     τ* = argmax_τ  P(τ, f) · (T · η + PrefillReload(r)) - τ
 
 P(τ, f) is the empirical CDF of tool f's observed durations: the chance the
-program is back within τ. The bracket is what a return within the TTL saves: the
+program is back within τ. A program not back after the longest TTL counts as an
+infinite duration, so tools (and turns without a tool call) after which programs
+often stop get short pins or none. The bracket is what a return within the TTL saves: the
 queueing delay T a request pays when it lost its KV, scaled by how predictable
 the remaining work of programs is (η), plus re-prefilling the r-token context.
 τ costs the KV others could have used meanwhile, one second per second.
@@ -94,7 +96,7 @@ class TtlCostModel:
         use_cost_model: bool = True,
     ):
         self._fixed_ttl_s = min(fixed_ttl_s, max_ttl_s)
-        self._max_ttl_s = max_ttl_s
+        self.max_ttl_s = max_ttl_s
         self._min_tool_samples = min_tool_samples
         self._use_cost_model = use_cost_model
         self._default_memoryfulness = default_memoryfulness
@@ -106,6 +108,7 @@ class TtlCostModel:
         self.prefill_profile: PrefillProfile | None = None
 
     def observe_tool_duration(self, tool: str, seconds: float) -> None:
+        """`seconds` may be math.inf: the program did not come back."""
         self._tool_durations[tool].append(max(0.0, seconds))
 
     def observe_queueing_delay_without_kv(self, seconds: float) -> None:
@@ -134,4 +137,4 @@ class TtlCostModel:
         benefit = self.mean_queueing_delay_s * self.memoryfulness + self.prefill_reload_s(
             context_tokens
         )
-        return best_ttl(list(durations), benefit, self._max_ttl_s)
+        return best_ttl(list(durations), benefit, self.max_ttl_s)

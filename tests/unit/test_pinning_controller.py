@@ -1,4 +1,4 @@
-from deployments.pinning.controller import LedgerChange, PinningController
+from deployments.pinning.controller import NO_TOOL_CALL, LedgerChange, PinningController
 from deployments.pinning.ttl_policy import TtlCostModel
 
 
@@ -62,15 +62,40 @@ def test_pin_expires_at_its_ttl() -> None:
     assert pins.take_stats().releases == {"expiry": 1}
 
 
-def test_turn_without_tool_call_releases_its_pin_but_not_the_program() -> None:
+def test_turn_without_tool_call_is_pinned_like_a_tool_of_its_own() -> None:
     pins = controller()
     pins.on_arrival("a", 0.0)
-    pinned, _ = pins.on_finished("a", blocks(4), 256, 1.0, False)
-    assert pinned
-    assert len(pins.on_turn_ended("a", None, 1.0)) == 1
-    assert pins.pins == []
-    assert pins.take_stats().releases == {"no_tool_call": 1}
-    assert pins.on_arrival("a", 5.0) == 0.0  # still ordered by its first arrival
+    assert finish_turn(pins, "a", 1.0, tool=None)
+    assert [pin.tool for pin in pins.pins] == [NO_TOOL_CALL]
+    assert pins.on_arrival("a", 1.5) == 0.0  # still ordered by its first arrival
+    pins.on_admitted("a", 1.6, cached_tokens=256)
+    stats = pins.take_stats()
+    assert stats.pin_hits == 1 and stats.tool_durations_s == [(NO_TOOL_CALL, 0.5)]
+
+
+def test_programs_that_never_come_back_teach_the_model_to_stop_pinning() -> None:
+    pins = controller()  # max TTL 30 s, two samples needed
+    for index, program in enumerate(["a", "b"]):
+        start = index * 100.0
+        pins.on_arrival(program, start)
+        finish_turn(pins, program, start + 1.0, tool=None)
+        assert pins.expire(start + 1.0 + 31.0) != []  # fixed 2 s TTL long over
+    # Both counted as never back: an infinite duration each.
+    assert pins.cost_model.ttl(NO_TOOL_CALL, 256) == 0.0
+    pins.on_arrival("c", 300.0)
+    finish_turn(pins, "c", 301.0, tool=None)
+    assert pins.pins == []  # TTL 0: released as soon as the turn's kind was known
+
+
+def test_a_report_arriving_after_the_next_turn_still_measures_the_gap() -> None:
+    pins = controller()
+    pins.on_arrival("a", 0.0)
+    pins.on_finished("a", blocks(4), 256, 1.0, False)
+    pins.on_arrival("a", 1.25)  # the client was faster than the replica's report
+    pins.on_turn_ended("a", "ls", 1.3)
+    pins.expire(100.0)  # long after: the program must not count as never back
+    assert pins.take_stats().tool_durations_s == [("ls", 0.25)]
+    assert pins.cost_model.ttl("ls", 256) == 2.0  # one sample: still the fixed TTL
 
 
 def test_last_step_is_never_pinned() -> None:
