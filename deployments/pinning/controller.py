@@ -221,10 +221,20 @@ class PinningController:
 
     def expire(self, now: float) -> list[Pin]:
         self._count_programs_not_back(now)
-        expired = [pin.program_id for pin in self._pins.values() if pin.expires_at <= now]
+        expired = [
+            pin.program_id
+            for pin in self._pins.values()
+            if pin.expires_at <= now and not self._is_back(pin.program_id)
+        ]
         return [
             pin for program_id in expired for pin in self._release(program_id, ReleaseReason.EXPIRY)
         ]
+
+    def _is_back(self, program_id: str) -> bool:
+        """The program's next turn arrived and waits for admission: its pin is about
+        to pay off, so the TTL no longer applies (pressure still does)."""
+        program = self._programs.get(program_id)
+        return program is not None and program.waiting_since is not None
 
     def _observe_return(self, tool: str, duration: float) -> None:
         self.cost_model.observe_tool_duration(tool, duration)

@@ -224,9 +224,10 @@ def test_no_blocks_leak_after_many_programs(
         ending = index % 3
         if ending == 0:  # the program's last step carries the hint
             await pinned_engine.turn(context + tokens(20, 200 + index), program_id, last_step=True)
-        elif ending == 1:  # the final answer has no tool call
+        elif ending == 1:  # a final answer (pinned like any turn), then the client closes
             await pinned_engine.turn(context + tokens(20, 200 + index), program_id)
             await pinned_engine.control("turn_ended", program_id, None)
+            await pinned_engine.control("end_program", program_id)
         else:  # the client closes the session
             await pinned_engine.control("end_program", program_id)
 

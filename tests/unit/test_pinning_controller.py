@@ -62,6 +62,15 @@ def test_pin_expires_at_its_ttl() -> None:
     assert pins.take_stats().releases == {"expiry": 1}
 
 
+def test_a_pin_whose_next_turn_waits_for_admission_outlives_its_ttl() -> None:
+    pins = controller()
+    pins.on_arrival("a", 0.0)
+    finish_turn(pins, "a", 1.0)  # fixed TTL: expires at 3.0
+    pins.on_arrival("a", 2.5)  # back in time, but the engine is busy
+    assert pins.expire(10.0) == []
+    assert [pin.program_id for pin in pins.relieve_pressure()] == ["a"]
+
+
 def test_turn_without_tool_call_is_pinned_like_a_tool_of_its_own() -> None:
     pins = controller()
     pins.on_arrival("a", 0.0)
