@@ -355,11 +355,12 @@ class RoutingConfig(_Strict):
         description="Bounded load: except for pinned turns, no replica takes a request "
         "that would leave it above ceil((1 + load_epsilon) x mean) requests in flight.",
     )
-    pinned_load_factor: float = Field(
+    affinity_load_factor: float = Field(
         default=1.5,
-        description="A program goes to the replica holding its pinned KV unless that "
-        "replica would exceed ceil(pinned_load_factor x mean) in flight; then the pin is "
-        "released and the turn goes elsewhere. At least 1 + load_epsilon.",
+        description="A program goes to the replica holding its pinned KV (else to the "
+        "replica of its previous turn) unless that replica would exceed "
+        "ceil(affinity_load_factor x mean) in flight; then the turn goes elsewhere and "
+        "a pin there is released. At least 1 + load_epsilon.",
     )
     virtual_nodes: int = Field(
         default=100, ge=1, description="Points per replica on the consistent-hash ring."
@@ -382,8 +383,8 @@ class RoutingConfig(_Strict):
 
     @model_validator(mode="after")
     def _pinned_bound_not_tighter(self) -> RoutingConfig:
-        if self.pinned_load_factor < 1 + self.load_epsilon:
-            raise ValueError("pinned_load_factor must be at least 1 + load_epsilon")
+        if self.affinity_load_factor < 1 + self.load_epsilon:
+            raise ValueError("affinity_load_factor must be at least 1 + load_epsilon")
         return self
 
 

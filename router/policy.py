@@ -4,9 +4,10 @@ router remembers about it, and the replicas' in-flight load. No Ray, no Redis.
 Order of preference: the replica holding the program's pinned KV (TTL ledger);
 the replica that served its previous turn; for a new program, a replica already
 serving programs with the same long prompt prefix; else consistent hashing of
-the program id. Every choice except the pin respects the bounded-load rule of
-consistent hashing with bounded loads (Mirrokni et al.): after routing, no
-replica holds more than ceil((1 + epsilon) * mean) requests in flight.
+the program id. Those last two respect the bounded-load rule of consistent
+hashing with bounded loads (Mirrokni et al.): after routing, no replica holds
+more than ceil((1 + epsilon) * mean) requests in flight; the first two, worth a
+whole prefill, a looser ceil(affinity_load_factor * mean).
 """
 
 from __future__ import annotations
@@ -87,13 +88,13 @@ def load_capacity(loads: Mapping[str, int], factor: float) -> int:
 class RoutingPolicy:
     """Chooses a replica for one request. Keeps only the hash ring between calls."""
 
-    def __init__(self, load_epsilon: float, pinned_load_factor: float, virtual_nodes: int):
+    def __init__(self, load_epsilon: float, affinity_load_factor: float, virtual_nodes: int):
         if load_epsilon <= 0:
             raise ValueError("load_epsilon must be positive")
-        if pinned_load_factor < 1 + load_epsilon:
-            raise ValueError("pinned_load_factor must be at least 1 + load_epsilon")
+        if affinity_load_factor < 1 + load_epsilon:
+            raise ValueError("affinity_load_factor must be at least 1 + load_epsilon")
         self.load_epsilon = load_epsilon
-        self.pinned_load_factor = pinned_load_factor
+        self.affinity_load_factor = affinity_load_factor
         self._virtual_nodes = virtual_nodes
         self._ring = HashRing(frozenset(), virtual_nodes)
 
@@ -108,16 +109,18 @@ class RoutingPolicy:
         if not loads:
             raise ValueError("no replica to route to")
         capacity = load_capacity(loads, 1 + self.load_epsilon)
+        affinity_capacity = load_capacity(loads, self.affinity_load_factor)
 
         def fits(replica_id: str | None, limit: int = capacity) -> bool:
             return replica_id is not None and loads.get(replica_id, limit) < limit
 
         stale_pin = None
         if program.pinned_replica is not None:
-            if fits(program.pinned_replica, load_capacity(loads, self.pinned_load_factor)):
+            if fits(program.pinned_replica, affinity_capacity):
                 return RoutingDecision(program.pinned_replica, RoutingReason.PINNED)
             stale_pin = program.pinned_replica
-        elif fits(program.previous_replica):
+        elif fits(program.previous_replica, affinity_capacity):
+            # Unpinned, the previous turn's KV is often still in that replica's cache.
             assert program.previous_replica is not None
             return RoutingDecision(program.previous_replica, RoutingReason.STICKY)
 

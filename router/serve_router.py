@@ -72,7 +72,7 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
         self._store: ClusterStore | None = None
         self._ledger_paused_until = 0.0
         self._policy = RoutingPolicy(
-            config.load_epsilon, config.pinned_load_factor, config.virtual_nodes
+            config.load_epsilon, config.affinity_load_factor, config.virtual_nodes
         )
         self._directory = ProgramDirectory(
             max_programs=config.max_remembered_programs, max_prefixes=1024

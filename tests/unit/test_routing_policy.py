@@ -17,11 +17,13 @@ from router.policy import (
 from router.prefix import shared_prefix_key
 
 EPSILON = 0.25
-PINNED_FACTOR = 1.5
+AFFINITY_FACTOR = 1.5
 
 
 def _policy() -> RoutingPolicy:
-    return RoutingPolicy(load_epsilon=EPSILON, pinned_load_factor=PINNED_FACTOR, virtual_nodes=64)
+    return RoutingPolicy(
+        load_epsilon=EPSILON, affinity_load_factor=AFFINITY_FACTOR, virtual_nodes=64
+    )
 
 
 def _ring_owner(program_id: str, replicas: list[str]) -> str:
@@ -56,6 +58,11 @@ def test_a_returning_program_without_a_pin_stays_on_its_replica() -> None:
     view = ProgramView(program, previous_replica=other)
     decision = _policy().choose(view, {"a": 1, "b": 1})
     assert decision.replica_id == other and decision.reason is RoutingReason.STICKY
+    # Far busier than the mean: the program moves (its KV was not pinned anyway).
+    busy = {other: 8, "a" if other == "b" else "b": 0}
+    moved = _policy().choose(view, busy)
+    assert moved.replica_id != other and moved.reason is RoutingReason.FALLBACK
+    assert moved.stale_pin_replica is None
 
 
 def test_a_new_program_joins_the_least_loaded_replica_holding_its_prefix() -> None:
@@ -81,9 +88,9 @@ def test_no_replica_and_bad_settings_are_errors() -> None:
     with pytest.raises(ValueError):
         _policy().choose(ProgramView("p"), {})
     with pytest.raises(ValueError):
-        RoutingPolicy(load_epsilon=0, pinned_load_factor=2, virtual_nodes=8)
+        RoutingPolicy(load_epsilon=0, affinity_load_factor=2, virtual_nodes=8)
     with pytest.raises(ValueError):
-        RoutingPolicy(load_epsilon=0.5, pinned_load_factor=1.2, virtual_nodes=8)
+        RoutingPolicy(load_epsilon=0.5, affinity_load_factor=1.2, virtual_nodes=8)
 
 
 replica_names = st.sampled_from([f"r{i}" for i in range(8)])
@@ -102,7 +109,8 @@ views = st.builds(
 def test_every_choice_respects_its_load_bound(view: ProgramView, loads: dict[str, int]) -> None:
     decision = _policy().choose(view, loads)
     assert decision.replica_id in loads
-    factor = PINNED_FACTOR if decision.reason is RoutingReason.PINNED else 1 + EPSILON
+    affine = decision.reason in (RoutingReason.PINNED, RoutingReason.STICKY)
+    factor = AFFINITY_FACTOR if affine else 1 + EPSILON
     assert loads[decision.replica_id] + 1 <= load_capacity(loads, factor)
 
 
@@ -117,7 +125,8 @@ def test_routing_a_stream_never_exceeds_the_bound(replicas: list[str], programs:
     loads = dict.fromkeys(replicas, 0)
     for program in programs:
         decision = policy.choose(directory.view(program, "shared", None), loads)
-        assert loads[decision.replica_id] + 1 <= load_capacity(loads, 1 + EPSILON)
+        factor = AFFINITY_FACTOR if decision.reason is RoutingReason.STICKY else 1 + EPSILON
+        assert loads[decision.replica_id] + 1 <= load_capacity(loads, factor)
         loads[decision.replica_id] += 1
         directory.routed(program, "shared", decision.replica_id)
 
