@@ -375,10 +375,10 @@ class RoutingConfig(_Strict):
         default=100_000, ge=1, description="Programs whose last replica the router keeps."
     )
     ledger_timeout_s: float = Field(
-        default=0.05,
+        default=0.25,
         gt=0,
         description="Longest a routing decision waits for the TTL ledger; when Redis is "
-        "slower or down the router routes without pins for a few seconds.",
+        "slower or down the router routes without pins (on previous replicas) for 5 s.",
     )
 
     @model_validator(mode="after")
