@@ -119,12 +119,15 @@ class Driver:
 
     async def warm_up(self) -> None:
         """One small request outside the measurement (first-request imports, caches)."""
-        await self._client.chat.completions.create(
-            model=self._model,
-            messages=[{"role": "user", "content": "Say OK."}],
-            max_tokens=4,
-            temperature=0.0,
-        )
+        try:
+            await self._client.chat.completions.create(
+                model=self._model,
+                messages=[{"role": "user", "content": "Say OK."}],
+                max_tokens=4,
+                temperature=0.0,
+            )
+        except APIError as error:
+            raise RuntimeError(f"warm-up request failed: {error}") from error
 
     async def run_program(
         self, program: AgentProgram, started: float, requests: list[RequestRecord]

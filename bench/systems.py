@@ -139,10 +139,19 @@ class ServerProcess:
     """A system's process tree: started, awaited until it answers a chat request,
     stopped with SIGTERM (which every launcher here turns into a clean shutdown)."""
 
-    def __init__(self, command: list[str], env: dict[str, str], log_path: Path):
+    def __init__(
+        self,
+        command: list[str],
+        env: dict[str, str],
+        log_path: Path,
+        ready_line: str | None = None,
+    ):
+        """`ready_line`: text the server logs once fully up (every replica, not
+        only the first to answer)."""
         self._command = command
         self._env = env
         self._log_path = log_path
+        self._ready_line = ready_line
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -168,6 +177,11 @@ class ServerProcess:
                     f"exited with {self._process.returncode} before it was ready; "
                     f"see {self._log_path}"
                 )
+            if self._ready_line is not None and self._ready_line not in self._log_path.read_text(
+                errors="replace"
+            ):
+                time.sleep(2.0)
+                continue
             try:
                 response = httpx.post(
                     f"{base_url}/chat/completions",
@@ -249,7 +263,8 @@ class SystemSpec:
             config_path.parent.mkdir(parents=True, exist_ok=True)
             config_path.write_text(yaml.safe_dump(raw, sort_keys=False))
             command = [sys.executable, "-m", "cluster.cli", "up", "--config", str(config_path)]
-            process = ServerProcess(command, _RAY_METRICS_ENV, log_path)
+            # `toolserve up` says so once every configured replica's engine is ready.
+            process = ServerProcess(command, _RAY_METRICS_ENV, log_path, "[toolserve] ready in ")
             endpoint = Endpoint(base_url, f"http://127.0.0.1:{metrics_port}/metrics")
         return process, endpoint
 
