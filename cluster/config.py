@@ -388,6 +388,88 @@ class RoutingConfig(_Strict):
         return self
 
 
+class SandboxLimits(_Strict):
+    """Limits of the subprocess each hosted tool call runs in."""
+
+    memory_mb: int = Field(
+        default=1024, ge=64, description="Address-space limit of the tool process, MiB."
+    )
+    cpu_s: float = Field(
+        default=60, gt=0, description="CPU seconds a call may use (also capped by its timeout)."
+    )
+    max_output_bytes: int = Field(
+        default=1_000_000, ge=1024, description="Largest result a call may return."
+    )
+    max_file_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=0, description="Largest file a call may write."
+    )
+    network: bool = Field(
+        default=False,
+        description="Let tools open sockets. Off: an empty network namespace where the "
+        "kernel allows one, and socket calls refused in the tool process either way.",
+    )
+
+
+class HostedToolConfig(_Strict):
+    """One hosted tool: a Python callable declared with `@hosted_tool`."""
+
+    function: str = Field(
+        description="`package.module:function` of a callable declared with "
+        "`toolworkers.registry.hosted_tool`."
+    )
+    name: str | None = Field(default=None, description="Tool name; None: the declared one.")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments bound to every call (e.g. `root` of file tools).",
+    )
+    timeout_s: float | None = Field(
+        default=None, gt=0, description="Wall-clock limit per call; None: the declared one."
+    )
+    side_effect_free: bool | None = Field(
+        default=None,
+        description="Override the declaration; only side-effect-free tools are "
+        "speculated or cached. None: the declared value.",
+    )
+    keep_alive_s: float | None = Field(
+        default=None, gt=0, description="Tool-cache lifetime of a result; None: the default."
+    )
+
+
+class ToolCacheConfig(_Strict):
+    """The global tool cache in Redis."""
+
+    max_entries: int = Field(
+        default=100_000, ge=1, description="Results kept at most; the soonest to expire go first."
+    )
+    keep_alive_s: float = Field(
+        default=300, gt=0, description="Default lifetime of a cached result."
+    )
+    pending_lease_s: float = Field(
+        default=30,
+        gt=0,
+        description="How long a running call holds its key beyond its timeout before "
+        "another requester may run it (a worker that died mid-call).",
+    )
+
+
+class ToolsConfig(_Strict):
+    """Hosted tools, the tool workers that run them, and the global tool cache."""
+
+    hosted: list[HostedToolConfig] = Field(
+        default_factory=list, description="Tools the cluster can run itself."
+    )
+    workers: int = Field(default=1, ge=1, description="Tool-worker actors.")
+    worker_max_concurrency: int = Field(
+        default=8, ge=1, description="Calls one tool worker runs at once."
+    )
+    sandbox: SandboxLimits = Field(
+        default_factory=SandboxLimits, description="Limits of each call's process."
+    )
+    cache: ToolCacheConfig = Field(
+        default_factory=ToolCacheConfig, description="Global tool cache."
+    )
+
+
 class ToolserveConfig(_Strict):
     """A whole toolserve deployment."""
 
@@ -402,6 +484,9 @@ class ToolserveConfig(_Strict):
     server: ServerConfig = Field(default_factory=ServerConfig, description="HTTP endpoint.")
     routing: RoutingConfig = Field(
         default_factory=RoutingConfig, description="Choice of main-model replica per turn."
+    )
+    tools: ToolsConfig = Field(
+        default_factory=ToolsConfig, description="Hosted tools, tool workers, tool cache."
     )
     cache_dir: Path = Field(
         default_factory=lambda: Path(

@@ -1,0 +1,143 @@
+"""The sandbox each hosted tool call runs in: real subprocesses, real limits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from cluster.config import SandboxLimits
+from toolworkers.sandbox import SandboxCall, ToolResult, run_sandboxed
+
+LIMITS = SandboxLimits(memory_mb=512, cpu_s=30, max_output_bytes=64 * 1024)
+
+
+def run(
+    function: str,
+    arguments: dict[str, object] | None = None,
+    *,
+    timeout_s: float = 20.0,
+    limits: SandboxLimits = LIMITS,
+    options: dict[str, object] | None = None,
+) -> ToolResult:
+    call = SandboxCall(f"sandbox_probes:{function}", arguments or {}, options or {}, timeout_s)
+    return asyncio.run(run_sandboxed(call, limits))
+
+
+def test_a_tool_returns_its_text() -> None:
+    result = run("echo", {"text": "héllo"})
+    assert result == ToolResult(True, "héllo", None, result.duration_s)
+    assert result.for_model() == "héllo"
+
+
+def test_structured_results_come_back_as_json() -> None:
+    result = run("structured", {"count": 3})
+    assert result.ok
+    assert json.loads(result.output) == {"numbers": [0, 1, 2]}
+
+
+def test_a_hang_is_cut_at_the_timeout() -> None:
+    result = run("hang", {"seconds": 60}, timeout_s=1.0)
+    assert (result.ok, result.error_kind) == (False, "timeout")
+    assert result.duration_s < 30
+    assert result.for_model().startswith("error: the tool ran longer than 1 s")
+
+
+def test_a_cpu_spin_is_stopped_by_the_cpu_limit() -> None:
+    result = run("spin", timeout_s=60, limits=LIMITS.model_copy(update={"cpu_s": 1}))
+    assert (result.ok, result.error_kind) == (False, "cpu_limit")
+
+
+def test_a_memory_blow_up_is_a_clean_error() -> None:
+    result = run("eat_memory", {"megabytes": 2048})
+    assert (result.ok, result.error_kind) == (False, "memory_limit")
+
+
+def test_the_same_allocation_fits_a_larger_limit() -> None:
+    result = run("eat_memory", {"megabytes": 64})
+    assert result.ok, result
+
+
+def test_network_is_refused_by_default() -> None:
+    result = run("connect", {"host": "127.0.0.1", "port": 6379})
+    assert not result.ok
+    assert result.error_kind == "tool_error"
+    assert "network access is disabled" in result.output
+
+
+def test_network_can_be_allowed() -> None:
+    result = run(
+        "connect",
+        {"host": "127.0.0.1", "port": 6379},
+        limits=LIMITS.model_copy(update={"network": True}),
+    )
+    assert result.ok, result
+
+
+def test_a_crash_is_reported_with_its_signal() -> None:
+    result = run("crash")
+    assert (result.ok, result.error_kind) == (False, "crash")
+    assert "SIGSEGV" in result.output
+
+
+def test_an_exit_without_a_result_is_a_crash() -> None:
+    result = run("exit_quietly")
+    assert (result.ok, result.error_kind) == (False, "crash")
+    assert "status 3" in result.output
+
+
+def test_oversized_output_is_refused() -> None:
+    result = run("flood", {"megabytes": 8})
+    assert (result.ok, result.error_kind) == (False, "output_too_large")
+    assert "65536 bytes" in result.output
+
+
+def test_printing_does_not_corrupt_the_result() -> None:
+    assert run("chatty").output == "quiet result"
+
+
+def test_tool_errors_and_exceptions_reach_the_model_as_text() -> None:
+    refused = run("refuse", {"reason": "no such city"})
+    assert (refused.ok, refused.error_kind, refused.output) == (False, "tool_error", "no such city")
+    failed = run("fail")
+    assert failed.error_kind == "tool_error"
+    assert failed.output == "KeyError: 'no such record'"
+
+
+def test_bad_arguments_and_unknown_functions() -> None:
+    assert run("echo", {"txt": "typo"}).error_kind == "bad_arguments"
+    assert run("echo", {}).error_kind == "bad_arguments"
+    assert run("no_such_probe").error_kind == "unknown_tool"
+
+
+def test_each_call_gets_its_own_directory_and_no_inherited_secrets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SECRET_TOKEN", "hunter2")
+    first = run("where_am_i").output.split("|")
+    second = run("where_am_i").output.split("|")
+    assert first[0] != second[0]
+    assert first[1] == second[1] == ""
+    assert not Path(first[0]).exists(), "the working directory is removed after the call"
+
+
+def test_options_are_bound_as_keywords() -> None:
+    assert run("with_root", {"path": "a.txt"}, options={"root": "/data"}).output == "/data/a.txt"
+
+
+def test_concurrent_calls_do_not_interfere() -> None:
+    async def many() -> list[ToolResult]:
+        calls = [
+            run_sandboxed(SandboxCall("sandbox_probes:echo", {"text": str(n)}, {}, 20), LIMITS)
+            for n in range(6)
+        ]
+        calls.append(
+            run_sandboxed(SandboxCall("sandbox_probes:hang", {"seconds": 60}, {}, 1), LIMITS)
+        )
+        return await asyncio.gather(*calls)
+
+    results = asyncio.run(many())
+    assert [result.output for result in results[:6]] == [str(n) for n in range(6)]
+    assert results[6].error_kind == "timeout"

@@ -1,0 +1,167 @@
+"""Hosted tools: Python callables that declare their schema and properties with
+`@hosted_tool`, named in configuration (`tools.hosted`) and resolved into a
+`ToolRegistry`. Only side-effect-free tools may be speculated or cached."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from cluster.config import ToolsConfig
+
+_SPEC_ATTRIBUTE = "__toolserve_tool__"
+
+
+class CostClass(StrEnum):
+    """How much a call costs to run: speculation starts cheap tools freely and
+    expensive ones only on confident predictions."""
+
+    CHEAP = "cheap"
+    MODERATE = "moderate"
+    EXPENSIVE = "expensive"
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """What a hosted tool declares about itself."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    side_effect_free: bool
+    cost_class: CostClass = CostClass.CHEAP
+    timeout_s: float = 10.0
+    accepts_partial_input: bool = False
+    program_scoped: bool = True
+
+    def openai_schema(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def hosted_tool(
+    *,
+    description: str,
+    parameters: dict[str, Any],
+    side_effect_free: bool,
+    name: str | None = None,
+    cost_class: CostClass = CostClass.CHEAP,
+    timeout_s: float = 10.0,
+    accepts_partial_input: bool = False,
+    program_scoped: bool = True,
+) -> Callable[[F], F]:
+    """Declares a function a hosted tool. `program_scoped`: its result depends on
+    the calling program's state, so cached results are shared only within that
+    program (else within the tenant)."""
+
+    def declare(function: F) -> F:
+        spec = ToolSpec(
+            name=name or function.__name__,
+            description=description,
+            parameters=parameters,
+            side_effect_free=side_effect_free,
+            cost_class=cost_class,
+            timeout_s=timeout_s,
+            accepts_partial_input=accepts_partial_input,
+            program_scoped=program_scoped,
+        )
+        setattr(function, _SPEC_ATTRIBUTE, spec)
+        return function
+
+    return declare
+
+
+class RegistryError(ValueError):
+    """A configured tool cannot be resolved or clashes with another."""
+
+
+def resolve_function(reference: str) -> Callable[..., Any]:
+    """`package.module:attribute` to the callable it names."""
+    module_name, separator, attribute = reference.partition(":")
+    if not separator or not module_name or not attribute:
+        raise RegistryError(f"{reference!r} is not of the form 'package.module:function'")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as error:
+        raise RegistryError(f"cannot import {module_name!r} for {reference!r}: {error}") from error
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise RegistryError(f"{module_name!r} has no {attribute!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise RegistryError(f"{reference!r} is not callable")
+    return target  # type: ignore[no-any-return]
+
+
+def declared_spec(function: Callable[..., Any], reference: str) -> ToolSpec:
+    spec = getattr(function, _SPEC_ATTRIBUTE, None)
+    if not isinstance(spec, ToolSpec):
+        raise RegistryError(f"{reference!r} is not declared with @hosted_tool")
+    return spec
+
+
+@dataclass(frozen=True)
+class HostedTool:
+    """A registered tool: its spec, the reference the sandbox imports, and the
+    keyword options bound to every call (e.g. a data directory)."""
+
+    spec: ToolSpec
+    function_reference: str
+    options: dict[str, Any]
+    keep_alive_s: float
+
+
+class ToolRegistry:
+    """The hosted tools of one deployment, by name."""
+
+    def __init__(self, tools: Iterable[HostedTool]):
+        self._tools: dict[str, HostedTool] = {}
+        for tool in tools:
+            if tool.spec.name in self._tools:
+                raise RegistryError(f"two hosted tools are named {tool.spec.name!r}")
+            self._tools[tool.spec.name] = tool
+
+    @classmethod
+    def from_config(cls, config: ToolsConfig) -> ToolRegistry:
+        tools = []
+        for entry in config.hosted:
+            spec = declared_spec(resolve_function(entry.function), entry.function)
+            spec = replace(
+                spec,
+                name=entry.name or spec.name,
+                timeout_s=entry.timeout_s or spec.timeout_s,
+                side_effect_free=(
+                    spec.side_effect_free
+                    if entry.side_effect_free is None
+                    else entry.side_effect_free
+                ),
+            )
+            keep_alive = entry.keep_alive_s or config.cache.keep_alive_s
+            tools.append(HostedTool(spec, entry.function, dict(entry.options), keep_alive))
+        return cls(tools)
+
+    def get(self, name: str) -> HostedTool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def speculable(self, name: str) -> bool:
+        """May this tool run before the model (or client) asks for it?"""
+        tool = self._tools.get(name)
+        return tool is not None and tool.spec.side_effect_free
+
+    def openai_schemas(self) -> list[dict[str, Any]]:
+        return [tool.spec.openai_schema() for tool in self._tools.values()]

@@ -1,0 +1,87 @@
+"""The process one sandboxed tool call runs in (started by `toolworkers.sandbox`).
+
+Reads {"function", "arguments", "options", "limits"} as JSON on stdin, limits
+itself before importing the tool, runs it, and writes one JSON result on the
+stdout it started with; whatever the tool prints goes to stderr."""
+
+from __future__ import annotations
+
+import ctypes
+import inspect
+import json
+import os
+import resource
+import sys
+from typing import Any
+
+_CLONE_NEWNET = 0x40000000
+_NETWORK_EVENTS = frozenset(
+    {"socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo"}
+)
+
+
+def _deny_network(event: str, _args: tuple[Any, ...]) -> None:
+    if event in _NETWORK_EVENTS:
+        raise PermissionError("network access is disabled for this tool")
+
+
+def _limit_self(limits: dict[str, Any]) -> None:
+    memory_bytes = int(limits["memory_mb"]) * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    cpu_s = max(1, int(limits["cpu_s"]))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+    file_bytes = int(limits["max_file_bytes"])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+    if not limits["network"]:
+        # An empty network namespace where the kernel allows it (root, or user
+        # namespaces); the audit hook refuses sockets either way.
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.unshare(_CLONE_NEWNET)
+        sys.addaudithook(_deny_network)
+
+
+def _failure(error_kind: str, message: str) -> dict[str, Any]:
+    return {"ok": False, "error_kind": error_kind, "output": message}
+
+
+def _run(request: dict[str, Any]) -> dict[str, Any]:
+    from toolworkers.builtin_tools import ToolError
+    from toolworkers.registry import RegistryError, resolve_function
+
+    try:
+        function = resolve_function(request["function"])
+    except RegistryError as error:
+        return _failure("unknown_tool", str(error))
+    arguments, options = request["arguments"], request["options"]
+    try:
+        inspect.signature(function).bind(**arguments, **options)
+    except TypeError as error:
+        return _failure("bad_arguments", str(error))
+    try:
+        output = function(**arguments, **options)
+    except ToolError as error:
+        return _failure("tool_error", str(error))
+    except MemoryError:
+        return _failure("memory_limit", "the tool ran out of memory")
+    except Exception as error:
+        return _failure("tool_error", f"{type(error).__name__}: {error}")
+    text = output if isinstance(output, str) else json.dumps(output, default=str)
+    return {"ok": True, "error_kind": None, "output": text}
+
+
+def main() -> None:
+    request = json.loads(sys.stdin.buffer.read())
+    result_stream = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    _limit_self(request["limits"])
+    try:
+        result = _run(request)
+    except MemoryError:
+        result = _failure("memory_limit", "the tool ran out of memory")
+    json.dump(result, result_stream)
+    result_stream.flush()
+
+
+if __name__ == "__main__":
+    main()
