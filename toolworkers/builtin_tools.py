@@ -22,14 +22,26 @@ class Tool:
     function: Callable[..., str]
 
     def schema(self) -> dict[str, Any]:
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.parameters,
-            },
-        }
+        return openai_function_schema(self.name, self.description, self.parameters)
+
+
+def openai_function_schema(
+    name: str, description: str, parameters: dict[str, Any]
+) -> dict[str, Any]:
+    """A tool as OpenAI's `tools` entry."""
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": parameters},
+    }
+
+
+def string_parameter(name: str, description: str) -> dict[str, Any]:
+    """Parameters of a tool that takes one required string."""
+    return {
+        "type": "object",
+        "properties": {name: {"type": "string", "description": description}},
+        "required": [name],
+    }
 
 
 class ToolError(Exception):
@@ -118,13 +130,6 @@ class Workspace:
         return "\n".join(hits)[:_MAX_OUTPUT_CHARS] or f"no line contains {text!r}"
 
     def tools(self) -> list[Tool]:
-        def string_parameter(name: str, description: str) -> dict[str, Any]:
-            return {
-                "type": "object",
-                "properties": {name: {"type": "string", "description": description}},
-                "required": [name],
-            }
-
         return [
             Tool(
                 "list_files",

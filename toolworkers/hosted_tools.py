@@ -5,24 +5,15 @@ configuration). Each runs in a tool worker's sandbox."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from toolworkers.builtin_tools import Workspace, calculate
+from toolworkers.builtin_tools import Workspace, calculate, string_parameter
 from toolworkers.registry import CostClass, hosted_tool
-
-
-def _one_string(name: str, description: str) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {name: {"type": "string", "description": description}},
-        "required": [name],
-    }
 
 
 @hosted_tool(
     name="calculator",
     description="Evaluate an arithmetic expression such as '(12.5 + 7) * 3'.",
-    parameters=_one_string("expression", "The arithmetic expression"),
+    parameters=string_parameter("expression", "The arithmetic expression"),
     side_effect_free=True,
     program_scoped=False,
     timeout_s=2.0,
@@ -34,7 +25,7 @@ def calculator(expression: str) -> str:
 @hosted_tool(
     name="list_files",
     description="List the files in a directory of the data directory.",
-    parameters=_one_string("directory", "Directory relative to the data directory, e.g. '.'"),
+    parameters=string_parameter("directory", "Directory relative to the data directory, e.g. '.'"),
     side_effect_free=True,
 )
 def list_files(directory: str = ".", *, root: str) -> str:
@@ -44,7 +35,7 @@ def list_files(directory: str = ".", *, root: str) -> str:
 @hosted_tool(
     name="read_file",
     description="Read a text file of the data directory.",
-    parameters=_one_string("path", "File path relative to the data directory"),
+    parameters=string_parameter("path", "File path relative to the data directory"),
     side_effect_free=True,
 )
 def read_file(path: str, *, root: str) -> str:
@@ -54,7 +45,7 @@ def read_file(path: str, *, root: str) -> str:
 @hosted_tool(
     name="search_files",
     description="Find the lines of the data directory's files that contain a text.",
-    parameters=_one_string("text", "Text to look for (case-insensitive)"),
+    parameters=string_parameter("text", "Text to look for (case-insensitive)"),
     side_effect_free=True,
     cost_class=CostClass.MODERATE,
 )

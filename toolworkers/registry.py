@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from cluster.config import ToolsConfig
+from toolworkers.builtin_tools import openai_function_schema
 
 _SPEC_ATTRIBUTE = "__toolserve_tool__"
 
@@ -38,14 +39,7 @@ class ToolSpec:
     program_scoped: bool = True
 
     def openai_schema(self) -> dict[str, Any]:
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.parameters,
-            },
-        }
+        return openai_function_schema(self.name, self.description, self.parameters)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
