@@ -444,11 +444,37 @@ class ToolCacheConfig(_Strict):
     keep_alive_s: float = Field(
         default=300, gt=0, description="Default lifetime of a cached result."
     )
+    response_owner_ttl_s: float = Field(
+        default=3600,
+        gt=0,
+        description="How long after a chat completion its caller may still post tool "
+        "outputs for it (`/cache-tool-output/{response_id}`).",
+    )
     pending_lease_s: float = Field(
         default=30,
         gt=0,
         description="How long a running call holds its key beyond its timeout before "
         "another requester may run it (a worker that died mid-call).",
+    )
+
+
+class ContinuationConfig(_Strict):
+    """Engine-side continuation: the server runs the model's calls of hosted tools
+    (and uses results the client posted for its own tools) and continues the turn."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Continue turns server-side; a request can still turn it off "
+        "(`toolserve.execute_tools: false`).",
+    )
+    max_rounds: int = Field(
+        default=8, ge=1, description="Tool rounds one request may run before the call goes back."
+    )
+    client_result_wait_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="How long to wait for a client-posted result of a client tool the "
+        "model called; 0: use it only when already posted.",
     )
 
 
@@ -467,6 +493,9 @@ class ToolsConfig(_Strict):
     )
     cache: ToolCacheConfig = Field(
         default_factory=ToolCacheConfig, description="Global tool cache."
+    )
+    continuation: ContinuationConfig = Field(
+        default_factory=ContinuationConfig, description="Engine-side continuation."
     )
 
 

@@ -160,6 +160,19 @@ class ReplicaStatus:
 _REPLICA_STATUS_PREFIX = "toolserve:replica-status:"
 
 
+_RESPONSE_PREFIX = "toolserve:response:"
+
+
+@dataclass(frozen=True)
+class ResponseOwner:
+    """Who a chat completion belongs to: its tenant may post tool outputs for it,
+    cached in its program's scope."""
+
+    response_id: str
+    tenant: str
+    program_id: str
+
+
 class ClusterStore:
     """Cluster-wide state in Redis, for asyncio code (ingress, router, replicas).
 
@@ -263,6 +276,27 @@ class ClusterStore:
             logger.warning("cannot read replica statuses: %s", error)
             return None
         return [ReplicaStatus(**json.loads(raw)) for raw in values if raw is not None]
+
+    async def record_response(self, owner: ResponseOwner, ttl_s: float) -> bool:
+        """Remembers who asked for a response, unless someone else already did
+        (a client-chosen request id cannot take over another's response)."""
+        try:
+            return bool(
+                await self._client.set(
+                    _RESPONSE_PREFIX + owner.response_id,
+                    json.dumps(asdict(owner)),
+                    px=max(1, int(ttl_s * 1000)),
+                    nx=True,
+                )
+            )
+        except (RedisError, OSError) as error:
+            logger.warning("cannot record response %s: %s", owner.response_id, error)
+            return False
+
+    async def response_owner(self, response_id: str) -> ResponseOwner | None:
+        """Raises RedisError or OSError when Redis cannot answer."""
+        raw = await self._client.get(_RESPONSE_PREFIX + response_id)
+        return None if raw is None else ResponseOwner(**json.loads(raw))
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -404,14 +438,19 @@ class ToolCache:
             fields.get("error_kind") or None,
         )
 
-    async def wait(self, key: str, timeout_s: float) -> CachedToolResult | None:
-        """The entry once it is no longer pending; None when it vanished (its
-        runner's lease expired) or `timeout_s` passed first."""
+    async def wait(
+        self, key: str, timeout_s: float, *, absent_is_final: bool = True
+    ) -> CachedToolResult | None:
+        """The entry once it is no longer pending; None when `timeout_s` passed
+        first or, with `absent_is_final`, when there is no entry (its runner's
+        lease expired) rather than waiting for one to appear."""
         deadline = time.monotonic() + timeout_s
         pause_s = 0.005
         while True:
             entry = await self.get(key)
-            if entry is None or entry.state != "pending":
+            if entry is None and absent_is_final:
+                return None
+            if entry is not None and entry.state != "pending":
                 return entry
             remaining = deadline - time.monotonic()
             if remaining <= 0:

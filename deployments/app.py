@@ -12,10 +12,12 @@ from ray.serve.config import RequestRouterConfig
 from cluster.config import ModelDeploymentConfig, RoutingConfig, ToolserveConfig
 from deployments.ingress import OpenAIIngress
 from deployments.model_server import ModelServer
+from toolworkers.workers import ToolWorker
 
 MAIN_DEPLOYMENT = "main-model"
 DRAFT_DEPLOYMENT = "draft-model"
 INGRESS_DEPLOYMENT = "openai-ingress"
+TOOL_WORKERS_DEPLOYMENT = "tool-workers"
 
 _RAY_ROUTERS = {
     "power_of_two": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
@@ -49,6 +51,7 @@ def _model_deployment(
     redis_url: str,
     routing: RoutingConfig | None,
     deployment_id: str,
+    tool_workers: Application | None = None,
 ) -> Application:
     return (
         serve.deployment(ModelServer)
@@ -65,7 +68,35 @@ def _model_deployment(
             health_check_timeout_s=30,
             graceful_shutdown_timeout_s=20,
         )
-        .bind(deployment, resolved_model, role, redis_url, config.cache_dir, deployment_id)
+        .bind(
+            deployment,
+            resolved_model,
+            role,
+            redis_url,
+            config.cache_dir,
+            deployment_id,
+            config.tools if role == "main" else None,
+            tool_workers,
+        )
+    )
+
+
+def _tool_workers(config: ToolserveConfig) -> Application | None:
+    """The tool-worker pool, when there are hosted tools to run."""
+    if not config.tools.hosted:
+        return None
+    return (
+        serve.deployment(ToolWorker)
+        .options(
+            name=TOOL_WORKERS_DEPLOYMENT,
+            num_replicas=config.tools.workers,
+            max_ongoing_requests=config.tools.worker_max_concurrency,
+            # Tools run in subprocesses that mostly wait (I/O, simulated latency);
+            # reserving cores for them would starve the engines on small machines.
+            ray_actor_options={"num_cpus": 0},
+            health_check_period_s=10,
+        )
+        .bind(config.tools.sandbox)
     )
 
 
@@ -78,6 +109,7 @@ def build_application(
     # Names this deployment's replica reports in Redis, apart from any other
     # toolserve (or an earlier run of this one) sharing the Redis.
     deployment_id = uuid.uuid4().hex[:12]
+    tool_workers = _tool_workers(config)
     main = _model_deployment(
         MAIN_DEPLOYMENT,
         config.main,
@@ -87,6 +119,7 @@ def build_application(
         redis_url,
         config.routing,
         deployment_id,
+        tool_workers,
     )
     draft = None
     if config.draft is not None:
@@ -116,5 +149,7 @@ def build_application(
             config.main.engine.max_model_len,
             redis_url,
             deployment_id,
+            config.tools,
+            tool_workers,
         )
     )

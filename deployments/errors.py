@@ -46,6 +46,14 @@ class ApiError:
         return cls(status=status, message=message, code=code, param=param)
 
 
+class RequestRejected(Exception):
+    """Raised by request parsing: answer with `error` (a 4xx)."""
+
+    def __init__(self, error: ApiError):
+        super().__init__(error.message)
+        self.error = error
+
+
 def invalid_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(HTTPStatus.BAD_REQUEST, message, "invalid_request", param)
 

@@ -17,10 +17,25 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from cluster.store import ClusterStore, PinningControl
-from deployments.errors import ApiError, engine_not_ready, invalid_request, model_not_found
+from cluster.config import ToolsConfig
+from cluster.store import ClusterStore, PinningControl, ResponseOwner
+from deployments.continuation import TurnContext
+from deployments.errors import (
+    ApiError,
+    RequestRejected,
+    engine_not_ready,
+    invalid_request,
+    model_not_found,
+)
 from deployments.model_server import EngineState, EngineStatus, ReplyHead
 from deployments.pinning.settings import LAST_STEP_ARG
+from deployments.tool_api import (
+    PostedToolOutput,
+    parse_tool_outputs,
+    pop_turn_options,
+    tenant_of,
+)
+from toolworkers.cache_keys import ArgumentsError, normalized_arguments
 
 SESSION_HEADER = "X-Session-ID"
 ONESHOT_PREFIX = "oneshot-"
@@ -47,19 +62,15 @@ async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(ApiError(500, f"internal error: {type(exc).__name__}", "internal_error"))
 
 
-class _Rejected(Exception):
-    def __init__(self, error: ApiError):
-        super().__init__(error.message)
-        self.error = error
-
-
 def program_id_for(header_value: str | None, body: dict[str, Any]) -> str:
     """The program id of a request: header, else body field, else a fresh one-turn id."""
     body_value = body.get("session_id")
     if body_value is not None and not (isinstance(body_value, str) and body_value):
-        raise _Rejected(invalid_request("session_id must be a non-empty string", "session_id"))
+        raise RequestRejected(
+            invalid_request("session_id must be a non-empty string", "session_id")
+        )
     if header_value and body_value and header_value != body_value:
-        raise _Rejected(
+        raise RequestRejected(
             invalid_request(
                 f"{SESSION_HEADER} header ({header_value!r}) and body session_id "
                 f"({body_value!r}) disagree",
@@ -91,14 +102,14 @@ OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 def _check_messages(messages: Any) -> None:
     """OpenAI's message rules that vLLM's permissive request model does not enforce."""
     if not isinstance(messages, list) or not messages:
-        raise _Rejected(invalid_request("messages must be a non-empty array", "messages"))
+        raise RequestRejected(invalid_request("messages must be a non-empty array", "messages"))
     for index, message in enumerate(messages):
         param = f"messages[{index}]"
         if not isinstance(message, dict):
-            raise _Rejected(invalid_request(f"{param} must be an object", param))
+            raise RequestRejected(invalid_request(f"{param} must be an object", param))
         role = message.get("role")
         if role not in OPENAI_ROLES:
-            raise _Rejected(
+            raise RequestRejected(
                 invalid_request(
                     f"Invalid value for {param}.role: {role!r}. Supported values are: "
                     + ", ".join(repr(known) for known in OPENAI_ROLES),
@@ -106,7 +117,7 @@ def _check_messages(messages: Any) -> None:
                 )
             )
         if role == "tool" and not isinstance(message.get("tool_call_id"), str):
-            raise _Rejected(
+            raise RequestRejected(
                 invalid_request(
                     f"{param} has role 'tool' but no tool_call_id", f"{param}.tool_call_id"
                 )
@@ -114,26 +125,28 @@ def _check_messages(messages: Any) -> None:
 
 
 def parse_chat_body(raw: bytes, served_models: list[str]) -> dict[str, Any]:
-    """Decode and validate a chat completion body; raises _Rejected with a 4xx."""
+    """Decode and validate a chat completion body; raises RequestRejected with a 4xx."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.exceptions import VLLMClientError
 
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise _Rejected(invalid_request(f"Request body is not valid JSON: {error}")) from error
+        raise RequestRejected(
+            invalid_request(f"Request body is not valid JSON: {error}")
+        ) from error
     if not isinstance(body, dict):
-        raise _Rejected(invalid_request("Request body must be a JSON object"))
+        raise RequestRejected(invalid_request("Request body must be a JSON object"))
     model = body.get("model")
     if model is not None and model not in served_models:
-        raise _Rejected(model_not_found(str(model), served_models))
+        raise RequestRejected(model_not_found(str(model), served_models))
     _check_messages(body.get("messages"))
     try:
         ChatCompletionRequest.model_validate(body)
     except ValidationError as error:
-        raise _Rejected(invalid_request(_validation_message(error))) from error
+        raise RequestRejected(invalid_request(_validation_message(error))) from error
     except (ValueError, VLLMClientError) as error:
-        raise _Rejected(invalid_request(f"Invalid request: {error}")) from error
+        raise RequestRejected(invalid_request(f"Invalid request: {error}")) from error
     return body
 
 
@@ -177,6 +190,8 @@ class OpenAIIngress:
         max_model_len: int,
         redis_url: str,
         deployment_id: str,
+        tools: ToolsConfig,
+        tool_workers: DeploymentHandle | None,
     ):
         # NOTE: request validation uses vLLM's request model; importing vLLM takes
         # seconds, so pay for it at start-up rather than on the first request.
@@ -189,6 +204,10 @@ class OpenAIIngress:
         self._created = int(time.time())
         self._store = ClusterStore(redis_url)
         self._deployment_id = deployment_id
+        from toolworkers.workers import tool_executor
+
+        self._tools_config = tools
+        self._tools = tool_executor(tools, redis_url, tool_workers)
         from ray.serve.metrics import Counter, Histogram
 
         self._requests = Counter(
@@ -266,17 +285,23 @@ class OpenAIIngress:
         route = "chat_completions"
         try:
             body = parse_chat_body(await request.body(), [self._served_model])
+            options = pop_turn_options(body)
             program_id = program_id_for(request.headers.get(SESSION_HEADER), body)
-        except _Rejected as rejected:
+        except RequestRejected as rejected:
             self._count(route, rejected.error.status)
             return error_response(rejected.error)
         body["session_id"] = program_id
         if program_id.startswith(ONESHOT_PREFIX):
             mark_last_step(body)
         headers = {SESSION_HEADER: program_id}
+        tenant = tenant_of(request.headers.get("authorization"))
+        body["request_id"] = body.get("request_id") or uuid.uuid4().hex
+        owner = ResponseOwner(f"chatcmpl-{body['request_id']}", tenant, program_id)
+        await self._store.record_response(owner, self._tools_config.cache.response_owner_ttl_s)
+        turn = TurnContext(tenant=tenant, execute_tools=options.execute_tools)
 
         try:
-            stream, head = await self._start_chat(body, program_id)
+            stream, head = await self._start_chat(body, program_id, turn)
         except Exception as error:
             unavailable = engine_not_ready(f"model replica unavailable: {type(error).__name__}")
             self._count(route, unavailable.status)
@@ -292,7 +317,7 @@ class OpenAIIngress:
         return StreamingResponse(_relay(stream), media_type="text/event-stream", headers=headers)
 
     async def _start_chat(
-        self, body: dict[str, Any], program_id: str
+        self, body: dict[str, Any], program_id: str, turn: TurnContext
     ) -> tuple[DeploymentResponseGenerator, ReplyHead]:
         """Sends the turn to a main replica (chosen by the router from the program id)
         and waits for its reply head."""
@@ -301,7 +326,7 @@ class OpenAIIngress:
         handle = self._main.options(stream=True, session_id=program_id)
         retries_left = _REPLICA_LOSS_RETRIES
         while True:
-            stream = handle.chat.remote(body)
+            stream = handle.chat.remote(body, turn)
             try:
                 head: ReplyHead = await stream.__anext__()
             except (RayActorError, ActorUnavailableError):
@@ -330,3 +355,71 @@ class OpenAIIngress:
             return error_response(unavailable)
         self._count(route, 200)
         return JSONResponse({"id": program_id, "object": "session", "deleted": True})
+
+    @app.get("/v1/tools")
+    async def hosted_tools(self) -> dict[str, Any]:
+        """The hosted tools' OpenAI schemas, to put in a request's `tools`."""
+        return {"object": "list", "data": self._tools.registry.openai_schemas()}
+
+    @app.post("/cache-tool-output/{response_id}")
+    async def cache_tool_output(self, response_id: str, request: Request) -> Response:
+        """Outputs of tools the client ran (speculatively) for a response of its
+        own: cached in that response's program, where the server's continuation
+        and later turns find them."""
+        route = "cache_tool_output"
+        try:
+            owner = await self._response_owner(response_id, request)
+            outputs = parse_tool_outputs(await request.body())
+            cached = await self._cache_outputs(owner, outputs)
+        except RequestRejected as rejected:
+            self._count(route, rejected.error.status)
+            return error_response(rejected.error)
+        self._count(route, 200)
+        return JSONResponse({"cached": cached})
+
+    async def _response_owner(self, response_id: str, request: Request) -> ResponseOwner:
+        try:
+            owner = await self._store.response_owner(response_id)
+        except Exception as error:
+            raise RequestRejected(
+                ApiError(
+                    503, f"tool cache unavailable: {type(error).__name__}", "cache_unavailable"
+                )
+            ) from error
+        if owner is None:
+            raise RequestRejected(
+                ApiError(404, f"No response with id {response_id!r}", "not_found", "response_id")
+            )
+        if owner.tenant != tenant_of(request.headers.get("authorization")):
+            raise RequestRejected(
+                ApiError(
+                    403,
+                    f"Response {response_id!r} belongs to another caller",
+                    "forbidden",
+                    "response_id",
+                )
+            )
+        return owner
+
+    async def _cache_outputs(self, owner: ResponseOwner, outputs: list[PostedToolOutput]) -> int:
+        for index, output in enumerate(outputs):
+            try:
+                normalized_arguments(output.params)
+            except ArgumentsError as error:
+                raise RequestRejected(
+                    ApiError(
+                        422, f"Invalid entry [{index}].params: {error}", "unprocessable_entity"
+                    )
+                ) from error
+        stored = [
+            await self._tools.post_client_result(
+                output.name,
+                output.params,
+                output.output_text(),
+                output.keep_alive,
+                tenant=owner.tenant,
+                program_id=owner.program_id,
+            )
+            for output in outputs
+        ]
+        return sum(stored)

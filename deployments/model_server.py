@@ -12,21 +12,36 @@ import contextlib
 import enum
 import logging
 import os
+import uuid
 from argparse import Namespace
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cluster.config import ModelDeploymentConfig
+from cluster.config import ModelDeploymentConfig, ToolsConfig
 from cluster.store import ClusterStore, ReplicaStatus
+from deployments.continuation import (
+    ModelToolCall,
+    StreamRound,
+    TurnContext,
+    continuation_possible,
+    next_round_body,
+    reply_tool_calls,
+    round_messages,
+    summed_usage,
+    with_extension,
+)
 from deployments.errors import ApiError, engine_not_ready
 from deployments.pinning.replica import EnginePinning, tool_called, tool_called_in_chunk
 from deployments.pinning.settings import LAST_STEP_ARG, EnginePinningSettings, create_engine_config
 
 if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle
     from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
     from vllm.v1.engine.async_llm import AsyncLLM
+
+    from toolworkers.execution import ToolExecutor
 
 logger = logging.getLogger("toolserve.model_server")
 
@@ -72,6 +87,8 @@ class ModelServer:
         redis_url: str | None,
         cache_dir: Path,
         deployment_id: str,
+        tools: ToolsConfig | None = None,
+        tool_workers: DeploymentHandle | None = None,
     ):
         self._deployment = deployment
         self._resolved_model = resolved_model
@@ -89,6 +106,12 @@ class ModelServer:
             else None
         )
         self._pinning: EnginePinning | None = None
+        self._tools_config = tools
+        self._tools: ToolExecutor | None = None
+        if tools is not None and tools.continuation.enabled:
+            from toolworkers.workers import tool_executor
+
+            self._tools = tool_executor(tools, redis_url, tool_workers)
         self._state = EngineState.STARTING
         self._detail = "engine is loading"
         self._engine: AsyncLLM | None = None
@@ -209,41 +232,49 @@ class ModelServer:
         if self._engine is not None and self._state is EngineState.READY:
             await self._engine.check_health()
 
-    async def chat(self, body: dict[str, Any]) -> AsyncIterator[ReplyHead | str]:
-        """Serve one chat completion; yields a ReplyHead, then SSE chunks if streaming."""
-        serving_chat = self._serving_chat
-        if self._state is not EngineState.READY or serving_chat is None:
+    async def chat(
+        self, body: dict[str, Any], turn: TurnContext | None = None
+    ) -> AsyncIterator[ReplyHead | str]:
+        """Serve one chat completion; yields a ReplyHead, then SSE chunks if streaming.
+        With a `turn` allowing it, tool calls the server can answer are answered
+        and the turn continues here (deployments/continuation.py)."""
+        if self._state is not EngineState.READY or self._serving_chat is None:
             yield ReplyHead(self._replica_id, streaming=False, error=engine_not_ready(self._detail))
             return
-        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
-        from vllm.entrypoints.serve.exception_handling.error_response import (
-            create_error_response,
+        continuing = bool(
+            self._tools is not None
+            and turn is not None
+            and turn.execute_tools
+            and continuation_possible(body)
         )
-
-        request = ChatCompletionRequest.model_validate(body)
-        try:
-            result = await serving_chat.create_chat_completion(request, None)
-        except Exception as error:
-            result = create_error_response(error)
-        if isinstance(result, ErrorResponse):
-            yield ReplyHead(
-                self._replica_id,
-                streaming=False,
-                error=ApiError.from_status(
-                    result.error.code, result.error.message, result.error.param
-                ),
-            )
+        client_wants_usage = _wants_usage(body)
+        if continuing:
+            body = dict(body, request_id=body.get("request_id") or uuid.uuid4().hex)
+            if body.get("stream"):
+                # Each round's usage counts against the request's token budget.
+                body["stream_options"] = dict(body.get("stream_options") or {}, include_usage=True)
+        result = await self._create(body)
+        if isinstance(result, ApiError):
+            yield ReplyHead(self._replica_id, streaming=False, error=result)
             return
-        program_id = request.session_id
+        program_id = body.get("session_id")
         tracked = bool(self._pinning is not None and program_id and not _is_last_step(body))
         if not isinstance(result, AsyncIterator):
             reply = result.model_dump(mode="json")
             if tracked:
                 self._turn_ended(program_id, tool_called(reply))
+            if continuing:
+                assert turn is not None
+                reply = await self._continue_reply(body, reply, turn, tracked)
             yield ReplyHead(self._replica_id, streaming=False, body=reply)
             return
         yield ReplyHead(self._replica_id, streaming=True)
+        if continuing:
+            assert turn is not None
+            continued = self._continue_stream(body, result, turn, tracked, client_wants_usage)
+            async for chunk in continued:
+                yield chunk
+            return
         tool = None
         async for chunk in result:
             if tracked and tool is None:
@@ -251,6 +282,146 @@ class ModelServer:
             yield chunk
         if tracked:
             self._turn_ended(program_id, tool)
+
+    async def _create(self, body: dict[str, Any]) -> Any:
+        """One request to the engine through vLLM's chat front end: a reply, an
+        async iterator of SSE chunks, or an ApiError."""
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+        from vllm.entrypoints.serve.exception_handling.error_response import (
+            create_error_response,
+        )
+
+        assert self._serving_chat is not None
+        request = ChatCompletionRequest.model_validate(body)
+        try:
+            result = await self._serving_chat.create_chat_completion(request, None)
+        except Exception as error:
+            result = create_error_response(error)
+        if isinstance(result, ErrorResponse):
+            return ApiError.from_status(result.error.code, result.error.message, result.error.param)
+        return result
+
+    async def _answer_calls(
+        self, calls: list[ModelToolCall], body: dict[str, Any], turn: TurnContext
+    ) -> list[str] | None:
+        """Tool messages for every call, or None when any must go to the client.
+        Client tools are checked first, so no hosted tool runs for a round that
+        goes back to the client anyway."""
+        assert self._tools is not None and self._tools_config is not None
+        tools = self._tools
+        wait_s = self._tools_config.continuation.client_result_wait_s
+        program_id = str(body.get("session_id") or "")
+
+        async def answer(call: ModelToolCall) -> str | None:
+            outcome = await tools.resolve(
+                call.name,
+                call.arguments,
+                tenant=turn.tenant,
+                program_id=program_id,
+                client_result_wait_s=wait_s,
+            )
+            return None if outcome is None else outcome.result.for_model()
+
+        is_hosted = [tools.registry.get(call.name) is not None for call in calls]
+        answers: dict[int, str | None] = {}
+        for hosted_pass in (False, True):
+            indices = [i for i, hosted in enumerate(is_hosted) if hosted is hosted_pass]
+            outputs = await asyncio.gather(*(answer(calls[i]) for i in indices))
+            answers |= dict(zip(indices, outputs, strict=True))
+            if None in answers.values():
+                return None
+        return [answers[i] or "" for i in range(len(calls))]
+
+    def _max_rounds(self) -> int:
+        assert self._tools_config is not None
+        return self._tools_config.continuation.max_rounds
+
+    async def _continue_reply(
+        self, body: dict[str, Any], reply: dict[str, Any], turn: TurnContext, tracked: bool
+    ) -> dict[str, Any]:
+        response_id = reply["id"]
+        usage = reply.get("usage")
+        executed: list[dict[str, Any]] = []
+        for round_index in range(1, self._max_rounds() + 1):
+            choice = reply["choices"][0]
+            calls = reply_tool_calls(choice["message"])
+            if choice.get("finish_reason") != "tool_calls" or not calls:
+                break
+            outputs = await self._answer_calls(calls, body, turn)
+            if outputs is None:
+                break
+            messages = round_messages(choice["message"].get("content"), calls, outputs)
+            following = next_round_body(
+                body, executed + messages, (usage or {}).get("completion_tokens", 0), round_index
+            )
+            if following is None:
+                break
+            result = await self._create(following)
+            if isinstance(result, ApiError):
+                logger.warning("continuation stopped: %s", result.message)
+                break
+            executed += messages
+            reply = result.model_dump(mode="json")
+            usage = summed_usage(usage, reply.get("usage"))
+            if tracked:
+                self._turn_ended(body.get("session_id"), tool_called(reply))
+        if not executed:
+            return reply
+        reply["id"] = response_id
+        reply["usage"] = usage
+        return with_extension(reply, executed)
+
+    async def _continue_stream(
+        self,
+        body: dict[str, Any],
+        stream: AsyncIterator[str],
+        turn: TurnContext,
+        tracked: bool,
+        client_wants_usage: bool,
+    ) -> AsyncIterator[str]:
+        response_id = f"chatcmpl-{body['request_id']}"
+        usage: dict[str, Any] | None = None
+        executed: list[dict[str, Any]] = []
+        round_index = 1
+        while True:
+            current = StreamRound(response_id)
+            async for chunk in stream:
+                for forwarded in current.feed(chunk):
+                    yield forwarded
+            usage = summed_usage(usage, current.usage)
+            calls = current.tool_calls
+            if tracked:
+                self._turn_ended(body.get("session_id"), calls[0].name if calls else None)
+            following = None
+            if (
+                not current.failed
+                and current.finish_reason == "tool_calls"
+                and calls
+                and round_index <= self._max_rounds()
+            ):
+                outputs = await self._answer_calls(calls, body, turn)
+                if outputs is not None:
+                    messages = round_messages(current.content, calls, outputs)
+                    following = next_round_body(
+                        body,
+                        executed + messages,
+                        (usage or {}).get("completion_tokens", 0),
+                        round_index,
+                    )
+            if following is not None:
+                result = await self._create(following)
+                if isinstance(result, ApiError):
+                    logger.warning("continuation stopped: %s", result.message)
+                else:
+                    executed += messages
+                    yield current.executed_chunk(messages)
+                    stream = result
+                    round_index += 1
+                    continue
+            for closing in current.closing_chunks(usage if client_wants_usage else None):
+                yield closing
+            return
 
     def _turn_ended(self, program_id: str | None, tool: str | None) -> None:
         if self._pinning is not None and program_id:
@@ -270,6 +441,11 @@ class ModelServer:
             self._pinning.stop()
         if self._engine is not None:
             self._engine.shutdown()
+
+
+def _wants_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
 
 
 def _is_last_step(body: dict[str, Any]) -> bool:

@@ -57,11 +57,64 @@ class ToolExecutor:
         self._cache = cache
         self._cache_config = cache_config
 
-    def cache_key(
-        self, tool: HostedTool, arguments: dict[str, Any], tenant: str, program_id: str
-    ) -> str:
-        scope = CacheScope(tenant, program_id if tool.spec.program_scoped else None)
-        return str(ToolCallKey.of(scope, tool.spec.name, arguments))
+    def cache_key(self, name: str, arguments: dict[str, Any], tenant: str, program_id: str) -> str:
+        """A hosted tool's results are shared per its scope; a client tool's only
+        within the program (they may depend on the client's state)."""
+        tool = self._registry.get(name)
+        program_scoped = tool is None or tool.spec.program_scoped
+        scope = CacheScope(tenant, program_id if program_scoped else None)
+        return str(ToolCallKey.of(scope, name, arguments))
+
+    @property
+    def registry(self) -> ToolRegistry:
+        return self._registry
+
+    async def post_client_result(
+        self,
+        name: str,
+        arguments: str | dict[str, Any] | None,
+        output: str,
+        keep_alive_s: float | None,
+        *,
+        tenant: str,
+        program_id: str,
+    ) -> bool:
+        """Caches the output of a call the client ran itself (it replaces whatever
+        the cache held for that call). Raises ArgumentsError for bad arguments."""
+        key = self.cache_key(name, normalized_arguments(arguments), tenant, program_id)
+        if self._cache is None:
+            return False
+        keep_alive = keep_alive_s or self._cache_config.keep_alive_s
+        return await self._cache.complete(
+            key, "", CachedToolResult("done", output, None), keep_alive
+        )
+
+    async def resolve(
+        self,
+        name: str,
+        arguments: str | dict[str, Any] | None,
+        *,
+        tenant: str,
+        program_id: str,
+        client_result_wait_s: float,
+    ) -> ToolOutcome | None:
+        """The result of a call the model just made, if the server can give it: a
+        hosted tool runs (or its cached or in-flight result is used); a client
+        tool's result is used only when the client posted it (waiting up to
+        `client_result_wait_s` for it). None: the call must go to the client."""
+        if self._registry.get(name) is not None:
+            return await self.call(name, arguments, tenant=tenant, program_id=program_id)
+        if self._cache is None:
+            return None
+        try:
+            parsed = normalized_arguments(arguments)
+        except ArgumentsError:
+            return None
+        key = self.cache_key(name, parsed, tenant, program_id)
+        entry = await self._cache.wait(key, client_result_wait_s, absent_is_final=False)
+        if entry is None or entry.state != "done":
+            return None
+        return ToolOutcome(_from_cache(entry), ResultSource.CACHED)
 
     async def call(
         self,
@@ -88,7 +141,7 @@ class ToolExecutor:
         if self._cache is None or not tool.spec.side_effect_free:
             return ToolOutcome(await self._run_call(call), ResultSource.UNCACHED)
         return await self._single_flight(
-            self._cache, self.cache_key(tool, parsed, tenant, program_id), tool, call
+            self._cache, self.cache_key(name, parsed, tenant, program_id), tool, call
         )
 
     async def _single_flight(

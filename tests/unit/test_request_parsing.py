@@ -7,15 +7,15 @@ from typing import Any
 
 import pytest
 
-from deployments.errors import ApiError
-from deployments.ingress import _Rejected, health_report, parse_chat_body, program_id_for
+from deployments.errors import ApiError, RequestRejected
+from deployments.ingress import health_report, parse_chat_body, program_id_for
 
 MODELS = ["smollm2-135m"]
 
 
 def _rejection(body: Any) -> ApiError:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    with pytest.raises(_Rejected) as raised:
+    with pytest.raises(RequestRejected) as raised:
         parse_chat_body(raw, MODELS)
     return raised.value.error
 
@@ -83,12 +83,12 @@ def test_program_id_defaults_to_a_fresh_one_turn_program() -> None:
 
 @pytest.mark.parametrize("body", [{"session_id": ""}, {"session_id": 5}])
 def test_program_id_must_be_a_non_empty_string(body: dict[str, Any]) -> None:
-    with pytest.raises(_Rejected):
+    with pytest.raises(RequestRejected):
         program_id_for(None, body)
 
 
 def test_conflicting_program_ids_are_rejected() -> None:
-    with pytest.raises(_Rejected, match="disagree"):
+    with pytest.raises(RequestRejected, match="disagree"):
         program_id_for("a", {"session_id": "b"})
 
 

@@ -1,0 +1,231 @@
+"""Engine-side continuation, the parts that do not touch the engine: when a round
+of the model's reply ends in tool calls the server can answer (hosted tools, or
+client tools whose results the client posted), the server appends the calls and
+their results to the conversation and runs the next round on the same replica,
+whose prefix cache (and pin) still holds the conversation's KV.
+
+What the client receives, documented in the README:
+- non-streaming: the last round's reply, with `usage` summed over the rounds and
+  `toolserve.executed_messages`: the assistant tool-call messages and tool
+  messages the server added, in order, to insert before the reply's message;
+- streaming: content deltas as they come; tool-call deltas are held until their
+  round ends, then either sent whole (the call goes to the client) or replaced by
+  a chunk whose `toolserve.executed_messages` holds that round's messages.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+EXTENSION_FIELD = "toolserve"
+_CONTINUABLE_TOOL_CHOICES = (None, "auto")
+
+
+@dataclass(frozen=True)
+class TurnContext:
+    """What the ingress knows about a turn beyond its body."""
+
+    tenant: str
+    execute_tools: bool
+
+
+@dataclass(frozen=True)
+class ModelToolCall:
+    id: str
+    name: str
+    arguments: str
+
+    def as_message_part(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+def continuation_possible(body: dict[str, Any]) -> bool:
+    """Only single-choice requests that leave the choice of tool to the model: a
+    client forcing a call wants that call back."""
+    return (
+        bool(body.get("tools"))
+        and body.get("n") in (None, 1)
+        and body.get("tool_choice") in _CONTINUABLE_TOOL_CHOICES
+    )
+
+
+def reply_tool_calls(message: dict[str, Any]) -> list[ModelToolCall]:
+    return [
+        ModelToolCall(call["id"], call["function"]["name"], call["function"].get("arguments") or "")
+        for call in message.get("tool_calls") or []
+    ]
+
+
+def round_messages(
+    content: str | None, calls: list[ModelToolCall], outputs: list[str]
+) -> list[dict[str, Any]]:
+    """The assistant message that made the calls, then one tool message per call."""
+    assistant: dict[str, Any] = {
+        "role": "assistant",
+        "content": content or None,
+        "tool_calls": [call.as_message_part() for call in calls],
+    }
+    tools = [
+        {"role": "tool", "tool_call_id": call.id, "content": output}
+        for call, output in zip(calls, outputs, strict=True)
+    ]
+    return [assistant, *tools]
+
+
+_TOKEN_LIMIT_FIELDS = ("max_completion_tokens", "max_tokens")
+
+
+def next_round_body(
+    body: dict[str, Any],
+    executed: list[dict[str, Any]],
+    completion_tokens_so_far: int,
+    round_index: int,
+) -> dict[str, Any] | None:
+    """The request of the next round: the conversation so far, what is left of
+    the token budget, its own engine request id. None: the budget is spent."""
+    following = copy.copy(body)
+    following["messages"] = [*body["messages"], *executed]
+    for name in _TOKEN_LIMIT_FIELDS:
+        limit = body.get(name)
+        if limit is not None:
+            remaining = int(limit) - completion_tokens_so_far
+            if remaining <= 0:
+                return None
+            following[name] = remaining
+    if body.get("request_id"):
+        following["request_id"] = f"{body['request_id']}-r{round_index}"
+    return following
+
+
+def summed_usage(
+    total: dict[str, Any] | None, usage: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    if usage is None:
+        return total
+    if total is None:
+        return copy.deepcopy(usage)
+    summed = copy.deepcopy(total)
+    for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        summed[name] = (summed.get(name) or 0) + (usage.get(name) or 0)
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    if cached is not None:
+        details = summed.get("prompt_tokens_details") or {}
+        details["cached_tokens"] = (details.get("cached_tokens") or 0) + cached
+        summed["prompt_tokens_details"] = details
+    return summed
+
+
+def with_extension(
+    reply: dict[str, Any], executed: list[dict[str, Any]], **extra: Any
+) -> dict[str, Any]:
+    reply[EXTENSION_FIELD] = {"executed_messages": executed, **extra}
+    return reply
+
+
+def _sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+_DONE = "data: [DONE]\n\n"
+
+
+@dataclass
+class _PendingCall:
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass
+class StreamRound:
+    """One round of a streamed reply. `feed` returns what to send on at once:
+    every chunk rewritten to the response's id, content deltas as they are,
+    tool-call deltas, the finish chunk, usage and `[DONE]` held back."""
+
+    response_id: str
+    content: str = ""
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    failed: bool = False
+    _calls: dict[int, _PendingCall] = field(default_factory=dict)
+    _finish_chunk: dict[str, Any] | None = None
+    _template: dict[str, Any] | None = None
+
+    def feed(self, sse: str) -> list[str]:
+        forward = []
+        for event in sse.split("\n\n"):
+            payload = event.strip().removeprefix("data:").strip()
+            if not payload or payload == "[DONE]":
+                continue
+            data = json.loads(payload)
+            if "error" in data and "choices" not in data:
+                self.failed = True
+                forward.append(_sse(data))
+                continue
+            data["id"] = self.response_id
+            if self._template is None:
+                self._template = {k: v for k, v in data.items() if k not in ("choices", "usage")}
+            if not data.get("choices"):
+                self.usage = data.get("usage") or self.usage
+                continue
+            if self._take(data):
+                forward.append(_sse(data))
+        return forward
+
+    def _take(self, data: dict[str, Any]) -> bool:
+        """Records the chunk's calls and finish; True when something is left to send."""
+        choice = data["choices"][0]
+        delta = choice.get("delta") or {}
+        for part in delta.pop("tool_calls", None) or []:
+            pending = self._calls.setdefault(int(part.get("index", 0)), _PendingCall())
+            pending.id = part.get("id") or pending.id
+            function = part.get("function") or {}
+            pending.name = function.get("name") or pending.name
+            pending.arguments += function.get("arguments") or ""
+        self.content += delta.get("content") or ""
+        if choice.get("finish_reason") is None:
+            return bool(delta)
+        self.finish_reason = choice["finish_reason"]
+        self._finish_chunk = copy.deepcopy(data)
+        choice["finish_reason"] = None
+        return bool(delta.get("content"))
+
+    @property
+    def tool_calls(self) -> list[ModelToolCall]:
+        return [
+            ModelToolCall(call.id, call.name, call.arguments)
+            for _, call in sorted(self._calls.items())
+        ]
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        base = dict(self._template or {"id": self.response_id, "object": "chat.completion.chunk"})
+        return base | {"choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+
+    def executed_chunk(self, executed: list[dict[str, Any]]) -> str:
+        """Stands in for the round's tool calls when the server answered them."""
+        return _sse(with_extension(self._chunk({}), executed))
+
+    def closing_chunks(self, total_usage: dict[str, Any] | None) -> list[str]:
+        """The end of the reply: held tool calls (whole), the finish chunk, the
+        usage summed over all rounds when the client asked for it, `[DONE]`."""
+        chunks = []
+        if self._calls:
+            parts = [
+                {"index": index} | call.as_message_part()
+                for index, call in enumerate(self.tool_calls)
+            ]
+            chunks.append(_sse(self._chunk({"tool_calls": parts})))
+        if self._finish_chunk is not None:
+            self._finish_chunk["choices"][0]["delta"] = {}
+            chunks.append(_sse(self._finish_chunk))
+        if total_usage is not None and self.usage is not None:
+            chunks.append(_sse(dict(self._template or {}) | {"choices": [], "usage": total_usage}))
+        chunks.append(_DONE)
+        return chunks

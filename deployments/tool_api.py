@@ -1,0 +1,100 @@
+"""Request-side pieces of the tool API: who is calling (tenant), a turn's
+`toolserve` options, and the body of `POST /cache-tool-output/{response_id}`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from deployments.errors import ApiError, RequestRejected, invalid_request
+
+TURN_OPTIONS_FIELD = "toolserve"
+ANONYMOUS_TENANT = "anonymous"
+
+
+def tenant_of(authorization: str | None) -> str:
+    """Callers are told apart by their API key (never stored, only its digest)."""
+    if not authorization:
+        return ANONYMOUS_TENANT
+    key = authorization.removeprefix("Bearer ").strip()
+    if not key:
+        return ANONYMOUS_TENANT
+    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+class TurnOptions(BaseModel):
+    """The `toolserve` object a chat request may carry."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    execute_tools: bool = Field(
+        default=True,
+        description="Let the server run calls of hosted tools (and use results the "
+        "client posted) and continue the turn; false: every call goes to the client.",
+    )
+
+
+def pop_turn_options(body: dict[str, Any]) -> TurnOptions:
+    """Removes and validates the request's `toolserve` options (vLLM never sees them)."""
+    raw = body.pop(TURN_OPTIONS_FIELD, None)
+    if raw is None:
+        return TurnOptions()
+    try:
+        return TurnOptions.model_validate(raw)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in item['loc']) or TURN_OPTIONS_FIELD}: {item['msg']}"
+            for item in error.errors()[:5]
+        )
+        raise RequestRejected(
+            invalid_request(f"Invalid {TURN_OPTIONS_FIELD} options: {problems}", TURN_OPTIONS_FIELD)
+        ) from error
+
+
+class PostedToolOutput(BaseModel):
+    """One entry of a `/cache-tool-output` body: the output of a call the client ran."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, description="The tool's name, as the model calls it.")
+    params: dict[str, Any] | None = Field(
+        default=None, description="The call's arguments; none for a tool without any."
+    )
+    output: Any = Field(description="The tool's output: text, or JSON sent as its text.")
+    keep_alive: float | None = Field(
+        default=None, gt=0, description="Seconds the output stays cached; none: the default."
+    )
+
+    def output_text(self) -> str:
+        return self.output if isinstance(self.output, str) else json.dumps(self.output)
+
+
+def unprocessable(message: str) -> ApiError:
+    return ApiError(422, message, "unprocessable_entity")
+
+
+def parse_tool_outputs(raw: bytes) -> list[PostedToolOutput]:
+    """A `/cache-tool-output` body: a JSON array of `{name, params?, output, keep_alive?}`."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise RequestRejected(unprocessable(f"Request body is not valid JSON: {error}")) from error
+    if not isinstance(body, list):
+        raise RequestRejected(
+            unprocessable(
+                "Request body must be a JSON array of {name, params?, output, keep_alive?}"
+            )
+        )
+    outputs = []
+    for index, entry in enumerate(body):
+        try:
+            outputs.append(PostedToolOutput.model_validate(entry))
+        except ValidationError as error:
+            item = error.errors()[0]
+            location = ".".join(str(part) for part in item["loc"])
+            where = f"[{index}].{location}" if location else f"[{index}]"
+            raise RequestRejected(unprocessable(f"Invalid entry {where}: {item['msg']}")) from error
+    return outputs
