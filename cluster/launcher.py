@@ -95,9 +95,10 @@ class LocalCluster:
                 "request_timeout_s": config.server.request_timeout_s,
             }
         )
-        self._log(
-            "serve: deploying ingress, main-model" + (", draft-model" if config.draft else "")
-        )
+        deployments = ["ingress", "main-model"]
+        deployments += ["draft-model"] if config.draft else []
+        deployments += ["tool-workers"] if config.tools.hosted else []
+        self._log("serve: deploying " + ", ".join(deployments))
         app = build_application(config, main_model, draft_model, self._redis.url)
         serve.run(app, name=config.name, route_prefix="/", blocking=False)
 

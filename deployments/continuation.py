@@ -21,7 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 EXTENSION_FIELD = "toolserve"
-_CONTINUABLE_TOOL_CHOICES = (None, "auto")
+# Constraints on the call-making step (vLLM implements a required or named
+# tool_choice with structured outputs too); the rounds the server adds after
+# answering a call leave the choice to the model. `response_format`, the shape
+# of the final answer, stays.
+_FIRST_ROUND_ONLY = ("tool_choice", "structured_outputs")
 
 
 @dataclass(frozen=True)
@@ -47,12 +51,9 @@ class ModelToolCall:
 
 
 def continuation_possible(body: dict[str, Any]) -> bool:
-    """Only single-choice requests that leave the choice of tool to the model: a
-    client forcing a call wants that call back."""
+    """Single-choice requests whose model may call tools."""
     return (
-        bool(body.get("tools"))
-        and body.get("n") in (None, 1)
-        and body.get("tool_choice") in _CONTINUABLE_TOOL_CHOICES
+        bool(body.get("tools")) and body.get("n") in (None, 1) and body.get("tool_choice") != "none"
     )
 
 
@@ -89,8 +90,9 @@ def next_round_body(
     round_index: int,
 ) -> dict[str, Any] | None:
     """The request of the next round: the conversation so far, what is left of
-    the token budget, its own engine request id. None: the budget is spent."""
-    following = copy.copy(body)
+    the token budget, its own engine request id, the model free to call a tool
+    or answer. None: the budget is spent."""
+    following = {key: value for key, value in body.items() if key not in _FIRST_ROUND_ONLY}
     following["messages"] = [*body["messages"], *executed]
     for name in _TOKEN_LIMIT_FIELDS:
         limit = body.get(name)

@@ -242,3 +242,73 @@ def test_unknown_tools_and_bad_arguments_do_not_run(cache_url: str) -> None:
         return unknown.result.error_kind, malformed.result.error_kind
 
     assert asyncio.run(scenario()) == ("unknown_tool", "bad_arguments")
+
+
+def test_client_posted_results_answer_client_tools_of_their_program_only(cache_url: str) -> None:
+    config = tools_config(HostedToolConfig(function="toolworkers.hosted_tools:calculator"))
+    registry = ToolRegistry.from_config(config)
+
+    async def must_not_run(call: SandboxCall) -> ToolResult:
+        raise AssertionError("client tools never run in the cluster")
+
+    async def scenario() -> None:
+        cache = ToolCache(cache_url, 1000)
+        executor = ToolExecutor(registry, must_not_run, cache, config.cache)
+        program = unique("p")
+
+        async def resolve(
+            arguments: str, program_id: str = program, wait_s: float = 0.0
+        ) -> str | None:
+            outcome = await executor.resolve(
+                "get_weather",
+                arguments,
+                tenant="t",
+                program_id=program_id,
+                client_result_wait_s=wait_s,
+            )
+            return None if outcome is None else outcome.result.output
+
+        assert await resolve('{"city": "Paris"}') is None
+        assert await executor.post_client_result(
+            "get_weather", {"city": "Paris"}, "sunny", None, tenant="t", program_id=program
+        )
+        assert await resolve('{ "city":"Paris" }') == "sunny"
+        assert await resolve('{"city": "Rome"}') is None
+        assert await resolve('{"city": "Paris"}', program_id=unique("other")) is None
+        assert await resolve("{not json") is None
+
+        late = asyncio.create_task(resolve('{"city": "Oslo"}', wait_s=5.0))
+        await asyncio.sleep(0.2)
+        await executor.post_client_result(
+            "get_weather", '{"city": "Oslo"}', "snow", 30, tenant="t", program_id=program
+        )
+        assert await late == "snow", "a result posted while the server waits is used"
+        await cache.close()
+
+    asyncio.run(scenario())
+
+
+def test_resolve_runs_hosted_tools(cache_url: str) -> None:
+    config = tools_config(HostedToolConfig(function="toolworkers.hosted_tools:calculator"))
+    registry = ToolRegistry.from_config(config)
+
+    async def sandboxed(call: SandboxCall) -> ToolResult:
+        return await run_sandboxed(call, LIMITS)
+
+    async def scenario() -> list[tuple[str, ResultSource]]:
+        cache = ToolCache(cache_url, 1000)
+        executor = ToolExecutor(registry, sandboxed, cache, config.cache)
+        expression = f'{{"expression": "6*7+{uuid.uuid4().int % 1000}-0"}}'
+        outcomes = []
+        for _ in range(2):
+            outcome = await executor.resolve(
+                "calculator", expression, tenant="t", program_id="p", client_result_wait_s=0
+            )
+            assert outcome is not None
+            outcomes.append((outcome.result.output, outcome.source))
+        await cache.close()
+        return outcomes
+
+    (first, first_source), (second, second_source) = asyncio.run(scenario())
+    assert first == second
+    assert (first_source, second_source) == (ResultSource.RAN, ResultSource.CACHED)

@@ -1,0 +1,227 @@
+"""Engine-side continuation's pure parts: which requests may continue, the next
+round's request, usage sums, and the streamed round (held tool calls)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from deployments.continuation import (
+    EXTENSION_FIELD,
+    ModelToolCall,
+    StreamRound,
+    continuation_possible,
+    next_round_body,
+    reply_tool_calls,
+    round_messages,
+    summed_usage,
+)
+
+TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {}}}]
+BODY: dict[str, Any] = {
+    "model": "m",
+    "messages": [{"role": "user", "content": "What is 6*7?"}],
+    "tools": TOOLS,
+    "request_id": "abc",
+}
+
+
+def _sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data)}\n\n"
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None, chunk_id: str = "x") -> str:
+    return _sse(
+        {
+            "id": chunk_id,
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+    )
+
+
+def _events(chunks: list[str]) -> list[dict[str, Any] | str]:
+    events: list[dict[str, Any] | str] = []
+    for chunk in chunks:
+        payload = chunk.removeprefix("data: ").strip()
+        events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def test_single_choice_requests_whose_model_may_call_tools_continue() -> None:
+    assert continuation_possible(BODY)
+    assert continuation_possible(BODY | {"tool_choice": "auto", "n": 1})
+    assert continuation_possible(BODY | {"tool_choice": "required"})
+    assert continuation_possible(
+        BODY | {"tool_choice": {"type": "function", "function": {"name": "calculator"}}}
+    )
+    assert not continuation_possible(BODY | {"tool_choice": "none"})
+    assert not continuation_possible(BODY | {"n": 2})
+    assert not continuation_possible({key: v for key, v in BODY.items() if key != "tools"})
+
+
+def test_round_messages_keep_call_order_and_ids() -> None:
+    calls = [
+        ModelToolCall("c1", "calculator", '{"expression": "6*7"}'),
+        ModelToolCall("c2", "f", ""),
+    ]
+    messages = round_messages("Let me compute.", calls, ["42", "error: boom"])
+    assert messages[0] == {
+        "role": "assistant",
+        "content": "Let me compute.",
+        "tool_calls": [call.as_message_part() for call in calls],
+    }
+    assert messages[1:] == [
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+        {"role": "tool", "tool_call_id": "c2", "content": "error: boom"},
+    ]
+    assert round_messages("", calls[:1], ["42"])[0]["content"] is None
+
+
+def test_reply_tool_calls_reads_a_reply_message() -> None:
+    message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": "{}"}}
+        ],
+    }
+    assert reply_tool_calls(message) == [ModelToolCall("c1", "calculator", "{}")]
+    assert reply_tool_calls({"role": "assistant", "content": "hi"}) == []
+
+
+def test_next_round_appends_messages_and_spends_the_token_budget() -> None:
+    executed = [{"role": "tool", "tool_call_id": "c1", "content": "42"}]
+    constrained = BODY | {
+        "max_tokens": 100,
+        "tool_choice": "required",
+        "structured_outputs": {"regex": "x"},
+        "response_format": {"type": "json_object"},
+    }
+    following = next_round_body(constrained, executed, 30, 1)
+    assert following is not None
+    assert "tool_choice" not in following and "structured_outputs" not in following
+    assert following["response_format"] == {"type": "json_object"}
+    assert following["messages"] == BODY["messages"] + executed
+    assert following["max_tokens"] == 70
+    assert following["request_id"] == "abc-r1"
+    assert BODY["messages"] == [{"role": "user", "content": "What is 6*7?"}]
+    assert next_round_body(BODY | {"max_completion_tokens": 30}, executed, 30, 1) is None
+    unbounded = next_round_body(BODY, executed, 500, 2)
+    assert unbounded is not None and "max_tokens" not in unbounded
+
+
+def test_usage_sums_over_rounds() -> None:
+    first = {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}
+    second = {
+        "prompt_tokens": 140,
+        "completion_tokens": 10,
+        "total_tokens": 150,
+        "prompt_tokens_details": {"cached_tokens": 128},
+    }
+    total = summed_usage(summed_usage(None, first), second)
+    assert total == {
+        "prompt_tokens": 240,
+        "completion_tokens": 30,
+        "total_tokens": 270,
+        "prompt_tokens_details": {"cached_tokens": 128},
+    }
+    assert first["prompt_tokens"] == 100
+    assert summed_usage(total, None) == total
+
+
+def _tool_round(stream: StreamRound) -> list[str]:
+    forwarded: list[str] = []
+    for chunk in [
+        _chunk({"role": "assistant", "content": ""}),
+        _chunk({"content": "Let me "}),
+        _chunk({"content": "compute."}),
+        _chunk(
+            {
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "calculator", "arguments": ""},
+                    }
+                ]
+            }
+        ),
+        _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"expression": '}}]}),
+        _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"6*7"}'}}]}),
+        _chunk({}, finish="tool_calls"),
+        _sse({"id": "x", "object": "chat.completion.chunk", "choices": [], "usage": {"a": 1}}),
+        "data: [DONE]\n\n",
+    ]:
+        forwarded += stream.feed(chunk)
+    return forwarded
+
+
+def test_a_streamed_round_forwards_content_and_holds_tool_calls() -> None:
+    stream = StreamRound("chatcmpl-abc")
+    events = _events(_tool_round(stream))
+    assert all(isinstance(event, dict) and event["id"] == "chatcmpl-abc" for event in events)
+    deltas = [event["choices"][0]["delta"] for event in events if isinstance(event, dict)]
+    assert deltas == [
+        {"role": "assistant", "content": ""},
+        {"content": "Let me "},
+        {"content": "compute."},
+    ]
+    assert stream.content == "Let me compute."
+    assert stream.finish_reason == "tool_calls"
+    assert stream.tool_calls == [ModelToolCall("c1", "calculator", '{"expression": "6*7"}')]
+    assert stream.usage == {"a": 1}
+
+
+def test_a_round_going_to_the_client_closes_with_whole_calls() -> None:
+    stream = StreamRound("chatcmpl-abc")
+    _tool_round(stream)
+    events = _events(stream.closing_chunks({"a": 3}))
+    assert events[-1] == "[DONE]"
+    calls, finish, usage = events[:-1]
+    assert isinstance(calls, dict) and isinstance(finish, dict) and isinstance(usage, dict)
+    assert calls["choices"][0]["delta"]["tool_calls"] == [
+        {
+            "index": 0,
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "calculator", "arguments": '{"expression": "6*7"}'},
+        }
+    ]
+    assert finish["choices"][0]["finish_reason"] == "tool_calls"
+    assert usage["usage"] == {"a": 3} and usage["choices"] == []
+    without_usage = _events(stream.closing_chunks(None))
+    assert len(without_usage) == 3
+
+
+def test_a_round_the_server_answered_shows_its_messages() -> None:
+    stream = StreamRound("chatcmpl-abc")
+    _tool_round(stream)
+    messages = round_messages(stream.content, stream.tool_calls, ["42"])
+    event = _events([stream.executed_chunk(messages)])[0]
+    assert isinstance(event, dict)
+    assert event["id"] == "chatcmpl-abc"
+    assert event["choices"][0]["delta"] == {} and event["choices"][0]["finish_reason"] is None
+    assert event[EXTENSION_FIELD]["executed_messages"] == messages
+
+
+def test_a_final_chunk_with_content_is_sent_once() -> None:
+    stream = StreamRound("chatcmpl-abc")
+    forwarded = stream.feed(_chunk({"content": "Done."}, finish="stop"))
+    assert [event["choices"][0] for event in _events(forwarded) if isinstance(event, dict)] == [
+        {"index": 0, "delta": {"content": "Done."}, "finish_reason": None}
+    ]
+    closing = _events(stream.closing_chunks(None))
+    assert isinstance(closing[0], dict)
+    assert closing[0]["choices"][0] == {"index": 0, "delta": {}, "finish_reason": "stop"}
+    assert closing[1] == "[DONE]"
+
+
+def test_an_error_event_is_forwarded_and_marks_the_round_failed() -> None:
+    stream = StreamRound("chatcmpl-abc")
+    forwarded = stream.feed(_sse({"error": {"message": "boom", "code": 500}}))
+    assert stream.failed
+    assert _events(forwarded) == [{"error": {"message": "boom", "code": 500}}]

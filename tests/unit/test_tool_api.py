@@ -1,0 +1,80 @@
+"""Tenant identity, turn options and the `/cache-tool-output` body, without a cluster."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from deployments.errors import ApiError, RequestRejected
+from deployments.tool_api import (
+    ANONYMOUS_TENANT,
+    PostedToolOutput,
+    TurnOptions,
+    parse_tool_outputs,
+    pop_turn_options,
+    tenant_of,
+)
+
+
+def test_tenants_are_told_apart_by_api_key_without_storing_it() -> None:
+    first = tenant_of("Bearer sk-one")
+    assert first == tenant_of("Bearer sk-one")
+    assert first != tenant_of("Bearer sk-two")
+    assert "sk-one" not in first
+    assert tenant_of(None) == tenant_of("") == tenant_of("Bearer ") == ANONYMOUS_TENANT
+
+
+def test_turn_options_are_removed_from_the_body() -> None:
+    body: dict[str, Any] = {"messages": [], "toolserve": {"execute_tools": False}}
+    assert pop_turn_options(body) == TurnOptions(execute_tools=False)
+    assert "toolserve" not in body
+    assert pop_turn_options({"messages": []}) == TurnOptions(execute_tools=True)
+
+
+@pytest.mark.parametrize(
+    "options", [{"execute_tool": False}, {"execute_tools": "maybe"}, "off", [1]]
+)
+def test_bad_turn_options_are_a_400(options: Any) -> None:
+    with pytest.raises(RequestRejected) as raised:
+        pop_turn_options({"toolserve": options})
+    assert raised.value.error.status == 400
+    assert raised.value.error.param == "toolserve"
+
+
+def test_tool_outputs_parse() -> None:
+    raw = json.dumps(
+        [
+            {"name": "get_weather", "params": {"city": "Paris"}, "output": "sunny"},
+            {"name": "now", "output": {"hour": 3}, "keep_alive": 5},
+        ]
+    ).encode()
+    first, second = parse_tool_outputs(raw)
+    assert first == PostedToolOutput(name="get_weather", params={"city": "Paris"}, output="sunny")
+    assert second.params is None and second.keep_alive == 5
+    assert second.output_text() == '{"hour": 3}'
+    assert parse_tool_outputs(b"[]") == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b'{"name": "f", "output": "x"}', "JSON array"),
+        (b'[{"output": "x"}]', "[0].name"),
+        (b'[{"name": "f"}]', "[0].output"),
+        (b'[{"name": "", "output": "x"}]', "[0].name"),
+        (b'[{"name": "f", "output": "x", "params": [1]}]', "[0].params"),
+        (b'[{"name": "f", "output": "x", "keep_alive": -1}]', "[0].keep_alive"),
+        (b'[{"name": "f", "output": "x", "extra": 1}]', "[0].extra"),
+        (b'[{"name": "f", "output": "x"}, 3]', "[1]"),
+    ],
+)
+def test_malformed_tool_outputs_are_a_422(raw: bytes, fragment: str) -> None:
+    with pytest.raises(RequestRejected) as raised:
+        parse_tool_outputs(raw)
+    error: ApiError = raised.value.error
+    assert error.status == 422
+    assert fragment in error.message
+    assert error.body()["error"]["type"] == "invalid_request_error"
