@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 from openai import OpenAI
 
 from toolworkers.builtin_tools import Workspace, run_tool_call
@@ -28,6 +29,9 @@ TURN_TOOL_CHOICE: list[Any] = [
     "required",
     "none",
 ]
+# Tools the demo lets the server run when it hosts them (declared with the
+# server's schema); the file tools stay the demo's, over its own workspace.
+SERVER_TOOLS = ("calculator",)
 TASK = (
     "What is the total amount of all orders in the workspace? Look at the files, "
     "add the amounts with the calculator, then answer in one sentence."
@@ -41,6 +45,23 @@ class TurnRecord:
     tool_calls: list[tuple[str, str, str]] = field(default_factory=list)
     answer: str | None = None
     cached_prompt_tokens: int | None = None
+    server_calls: list[tuple[str, str]] = field(default_factory=list)
+    server_results: list[str] = field(default_factory=list)
+
+
+def server_executed_messages(response: Any) -> list[dict[str, Any]]:
+    """The tool calls the server ran itself and their results (engine-side
+    continuation), to insert before the reply's message in the history."""
+    extension = (response.model_extra or {}).get("toolserve") or {}
+    return list(extension.get("executed_messages") or [])
+
+
+def _server_tools(api_base: str) -> dict[str, Any]:
+    try:
+        listed = httpx.get(f"{api_base}/tools", timeout=10).json()["data"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return {}
+    return {tool["function"]["name"]: tool for tool in listed}
 
 
 def run_demo(api_base: str, model: str, log: Callable[[str], None] = print) -> list[TurnRecord]:
@@ -56,7 +77,13 @@ def run_demo(api_base: str, model: str, log: Callable[[str], None] = print) -> l
         for name, text in WORKSPACE_FILES.items():
             (Path(root) / name).write_text(text)
         tools = Workspace(Path(root)).tools()
-        tool_schemas: list[Any] = [tool.schema() for tool in tools]
+        server_tools = _server_tools(api_base)
+        tool_schemas: list[Any] = [
+            server_tools.get(tool.name, tool.schema())
+            if tool.name in SERVER_TOOLS
+            else tool.schema()
+            for tool in tools
+        ]
         messages: list[Any] = [
             {"role": "system", "content": "You are a careful assistant that uses tools."},
             {"role": "user", "content": TASK},
@@ -77,6 +104,15 @@ def run_demo(api_base: str, model: str, log: Callable[[str], None] = print) -> l
             details = response.usage.prompt_tokens_details if response.usage else None
             record.cached_prompt_tokens = details.cached_tokens if details else None
             message = response.choices[0].message
+            for executed in server_executed_messages(response):
+                messages.append(executed)
+                if executed["role"] == "tool":
+                    record.server_results.append(executed["content"])
+                else:
+                    record.server_calls += [
+                        (call["function"]["name"], call["function"]["arguments"])
+                        for call in executed.get("tool_calls") or []
+                    ]
             messages.append(message.model_dump(exclude_none=True))
             for call in message.tool_calls or []:
                 function = getattr(call, "function", None)
@@ -98,10 +134,12 @@ def _describe(record: TurnRecord) -> str:
         if record.cached_prompt_tokens is not None
         else ""
     )
-    head = f"turn {record.turn}: {record.latency_s:5.2f}s{cached}"
+    lines = [f"turn {record.turn}: {record.latency_s:5.2f}s{cached}"]
+    for (name, arguments), result in zip(record.server_calls, record.server_results, strict=False):
+        shown = result.replace("\n", " | ")
+        lines.append(f"  {name}({arguments}) -> {shown[:120]}  [run by the server]")
     if record.answer is not None:
-        return f"{head}\n  answer: {record.answer.strip()}"
-    lines = [head]
+        return "\n".join([*lines, f"  answer: {record.answer.strip()}"])
     for name, arguments, result in record.tool_calls:
         shown = result.replace("\n", " | ")
         lines.append(f"  {name}({arguments}) -> {shown[:120]}")

@@ -57,6 +57,40 @@ def continuation_possible(body: dict[str, Any]) -> bool:
     )
 
 
+def _schema_identity(function: dict[str, Any]) -> tuple[Any, ...]:
+    return (
+        function.get("name"),
+        function.get("description"),
+        json.dumps(function.get("parameters"), sort_keys=True),
+    )
+
+
+def declared_hosted_tools(
+    declared: list[dict[str, Any]], hosted_schemas: list[dict[str, Any]]
+) -> set[str]:
+    """Names of the request's tools the server may run: those declared with the
+    hosted tool's own schema (as `GET /v1/tools` lists it). A client's own tool
+    that merely shares a hosted tool's name stays the client's."""
+    hosted = {
+        schema["function"]["name"]: _schema_identity(schema["function"])
+        for schema in hosted_schemas
+    }
+    names = set()
+    for tool in declared:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and hosted.get(function.get("name")) == _schema_identity(
+            function
+        ):
+            names.add(function["name"])
+    return names
+
+
+def calls_complete(finish_reason: str | None) -> bool:
+    """Did the round end having made its calls (vLLM ends a named tool choice with
+    `stop`), rather than cut off mid-call at the token limit?"""
+    return finish_reason in ("tool_calls", "stop")
+
+
 def reply_tool_calls(message: dict[str, Any]) -> list[ModelToolCall]:
     return [
         ModelToolCall(call["id"], call["function"]["name"], call["function"].get("arguments") or "")

@@ -25,7 +25,9 @@ from deployments.continuation import (
     ModelToolCall,
     StreamRound,
     TurnContext,
+    calls_complete,
     continuation_possible,
+    declared_hosted_tools,
     next_round_body,
     reply_tool_calls,
     round_messages,
@@ -312,22 +314,24 @@ class ModelServer:
         tools = self._tools
         wait_s = self._tools_config.continuation.client_result_wait_s
         program_id = str(body.get("session_id") or "")
+        hosted_names = declared_hosted_tools(body["tools"], tools.registry.openai_schemas())
+        is_hosted = [call.name in hosted_names for call in calls]
 
-        async def answer(call: ModelToolCall) -> str | None:
+        async def answer(index: int) -> str | None:
             outcome = await tools.resolve(
-                call.name,
-                call.arguments,
+                calls[index].name,
+                calls[index].arguments,
                 tenant=turn.tenant,
                 program_id=program_id,
                 client_result_wait_s=wait_s,
+                hosted=is_hosted[index],
             )
             return None if outcome is None else outcome.result.for_model()
 
-        is_hosted = [tools.registry.get(call.name) is not None for call in calls]
         answers: dict[int, str | None] = {}
         for hosted_pass in (False, True):
             indices = [i for i, hosted in enumerate(is_hosted) if hosted is hosted_pass]
-            outputs = await asyncio.gather(*(answer(calls[i]) for i in indices))
+            outputs = await asyncio.gather(*(answer(i) for i in indices))
             answers |= dict(zip(indices, outputs, strict=True))
             if None in answers.values():
                 return None
@@ -346,7 +350,7 @@ class ModelServer:
         for round_index in range(1, self._max_rounds() + 1):
             choice = reply["choices"][0]
             calls = reply_tool_calls(choice["message"])
-            if choice.get("finish_reason") != "tool_calls" or not calls:
+            if not calls or not calls_complete(choice.get("finish_reason")):
                 break
             outputs = await self._answer_calls(calls, body, turn)
             if outputs is None:
@@ -396,7 +400,7 @@ class ModelServer:
             following = None
             if (
                 not current.failed
-                and current.finish_reason == "tool_calls"
+                and calls_complete(current.finish_reason)
                 and calls
                 and round_index <= self._max_rounds()
             ):

@@ -97,12 +97,13 @@ class ToolExecutor:
         tenant: str,
         program_id: str,
         client_result_wait_s: float,
+        hosted: bool,
     ) -> ToolOutcome | None:
         """The result of a call the model just made, if the server can give it: a
-        hosted tool runs (or its cached or in-flight result is used); a client
+        `hosted` tool runs (or its cached or in-flight result is used); a client
         tool's result is used only when the client posted it (waiting up to
         `client_result_wait_s` for it). None: the call must go to the client."""
-        if self._registry.get(name) is not None:
+        if hosted:
             return await self.call(name, arguments, tenant=tenant, program_id=program_id)
         if self._cache is None:
             return None

@@ -3,23 +3,47 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 from openai import OpenAI
 
-from cluster.config import ToolserveConfig, load_config
+from cluster.config import HostedToolConfig, ToolserveConfig, load_config
 from cluster.launcher import Endpoints, LocalCluster
 from cluster.net import free_port
 
+DATA_FILES = {
+    "notes.txt": "alpha\nbeta\ngamma\n",
+    "orders.csv": "order,amount_eur\nA-100,12.50\nA-101,7.25\n",
+}
+
 
 @pytest.fixture(scope="session")
-def cluster_config() -> ToolserveConfig:
+def hosted_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The data directory the cluster's hosted file tools read."""
+    root = tmp_path_factory.mktemp("hosted-data")
+    for name, text in DATA_FILES.items():
+        (root / name).write_text(text)
+    return root
+
+
+@pytest.fixture(scope="session")
+def cluster_config(hosted_data_dir: Path) -> ToolserveConfig:
     config = load_config()
+    file_tools = [
+        HostedToolConfig(
+            function=f"toolworkers.hosted_tools:{name}", options={"root": str(hosted_data_dir)}
+        )
+        for name in ("read_file", "list_files")
+    ]
     return config.model_copy(
         update={
             "server": config.server.model_copy(update={"port": free_port()}),
             "ray": config.ray.model_copy(update={"metrics_export_port": free_port()}),
+            "tools": config.tools.model_copy(
+                update={"hosted": [*config.tools.hosted, *file_tools]}
+            ),
         }
     )
 

@@ -11,6 +11,7 @@ from deployments.continuation import (
     ModelToolCall,
     StreamRound,
     continuation_possible,
+    declared_hosted_tools,
     next_round_body,
     reply_tool_calls,
     round_messages,
@@ -225,3 +226,24 @@ def test_an_error_event_is_forwarded_and_marks_the_round_failed() -> None:
     forwarded = stream.feed(_sse({"error": {"message": "boom", "code": 500}}))
     assert stream.failed
     assert _events(forwarded) == [{"error": {"message": "boom", "code": 500}}]
+
+
+def test_only_tools_declared_with_the_hosted_schema_run_in_the_server() -> None:
+    hosted = [
+        {
+            "type": "function",
+            "function": {
+                "name": "calculator",
+                "description": "Evaluate.",
+                "parameters": {"type": "object", "properties": {"e": {"type": "string"}}},
+            },
+        }
+    ]
+    same = json.loads(json.dumps(hosted[0]))
+    same["function"]["parameters"] = {"properties": {"e": {"type": "string"}}, "type": "object"}
+    own = json.loads(json.dumps(hosted[0]))
+    own["function"]["description"] = "My own calculator."
+    other = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+    assert declared_hosted_tools([same, other], hosted) == {"calculator"}
+    assert declared_hosted_tools([own, other], hosted) == set()
+    assert declared_hosted_tools([{"type": "function"}, "junk"], hosted) == set()  # type: ignore[list-item]

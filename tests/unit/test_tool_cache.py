@@ -265,6 +265,7 @@ def test_client_posted_results_answer_client_tools_of_their_program_only(cache_u
                 tenant="t",
                 program_id=program_id,
                 client_result_wait_s=wait_s,
+                hosted=False,
             )
             return None if outcome is None else outcome.result.output
 
@@ -302,7 +303,12 @@ def test_resolve_runs_hosted_tools(cache_url: str) -> None:
         outcomes = []
         for _ in range(2):
             outcome = await executor.resolve(
-                "calculator", expression, tenant="t", program_id="p", client_result_wait_s=0
+                "calculator",
+                expression,
+                tenant="t",
+                program_id="p",
+                client_result_wait_s=0,
+                hosted=True,
             )
             assert outcome is not None
             outcomes.append((outcome.result.output, outcome.source))

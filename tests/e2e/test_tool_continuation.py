@@ -1,0 +1,217 @@
+"""Hosted tools and engine-side continuation on the shared cluster: the model's
+call of a hosted tool runs on the tool workers and the turn continues in the
+replica; a client's posted output answers its own tool; `/cache-tool-output`
+and its errors. Real Ray, Redis, vLLM (SmolLM2) and the `openai` SDK."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from cluster.demo import run_demo
+from cluster.launcher import Endpoints
+from toolworkers.builtin_tools import calculate
+
+pytestmark = pytest.mark.e2e
+
+QUESTION = [{"role": "user", "content": "What is 1234 * 5678?"}]
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def _hosted_tools(cluster: Endpoints) -> list[dict[str, Any]]:
+    response = httpx.get(f"{cluster.api_base}/tools", timeout=30)
+    assert response.status_code == 200, response.text
+    return list(response.json()["data"])
+
+
+def _calculator_turn(client: OpenAI, model: str, cluster: Endpoints, **extra: Any) -> Any:
+    return client.chat.completions.create(
+        model=model,
+        messages=QUESTION,
+        tools=[t for t in _hosted_tools(cluster) if t["function"]["name"] == "calculator"],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=96,
+        **extra,
+    )
+
+
+def test_hosted_tools_are_listed(cluster: Endpoints) -> None:
+    names = {tool["function"]["name"] for tool in _hosted_tools(cluster)}
+    assert {"calculator", "read_file", "list_files"} <= names
+
+
+def test_a_hosted_call_runs_in_the_cluster_and_the_turn_continues(
+    client: OpenAI, model_name: str, cluster: Endpoints, healthy_after: None
+) -> None:
+    response = _calculator_turn(client, model_name, cluster)
+    extension = (response.model_extra or {}).get("toolserve")
+    assert extension is not None, "the server should have answered the calculator call"
+    call_message, tool_message = extension["executed_messages"]
+    (call,) = call_message["tool_calls"]
+    assert call_message["role"] == "assistant" and call["function"]["name"] == "calculator"
+    expression = json.loads(call["function"]["arguments"])["expression"]
+    assert tool_message == {
+        "role": "tool",
+        "tool_call_id": call["id"],
+        "content": calculate(expression),
+    }
+    final = response.choices[0]
+    assert not final.message.tool_calls, "the second round is free to answer"
+    assert final.message.content
+    assert response.usage is not None and response.usage.completion_tokens > 0
+
+
+def test_execute_tools_false_hands_the_call_to_the_client(
+    client: OpenAI, model_name: str, cluster: Endpoints
+) -> None:
+    response = _calculator_turn(
+        client, model_name, cluster, extra_body={"toolserve": {"execute_tools": False}}
+    )
+    assert "toolserve" not in (response.model_extra or {})
+    (call,) = response.choices[0].message.tool_calls or []
+    assert call.type == "function" and call.function.name == "calculator"
+
+
+def test_a_streamed_continuation_matches_the_non_streamed_one(
+    client: OpenAI, model_name: str, cluster: Endpoints
+) -> None:
+    whole = _calculator_turn(client, model_name, cluster)
+    stream = _calculator_turn(
+        client, model_name, cluster, stream=True, stream_options={"include_usage": True}
+    )
+    ids, executed, content, finish, usage = set(), [], "", None, None
+    for chunk in stream:
+        ids.add(chunk.id)
+        executed += ((chunk.model_extra or {}).get("toolserve") or {}).get("executed_messages", [])
+        usage = chunk.usage or usage
+        if chunk.choices:
+            assert not chunk.choices[0].delta.tool_calls
+            content += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+
+    def without_ids(messages: list[dict[str, Any]]) -> list[Any]:
+        return [
+            (
+                m["role"],
+                m.get("content"),
+                [
+                    (c["function"]["name"], json.loads(c["function"]["arguments"]))
+                    for c in m.get("tool_calls") or []
+                ],
+            )
+            for m in messages
+        ]
+
+    whole_extension = (whole.model_extra or {})["toolserve"]
+    assert len(ids) == 1
+    assert without_ids(executed) == without_ids(whole_extension["executed_messages"])
+    assert content == whole.choices[0].message.content
+    assert finish == whole.choices[0].finish_reason
+    assert usage is not None and whole.usage is not None
+    assert usage.completion_tokens == whole.usage.completion_tokens
+
+
+def _weather_turn(client: OpenAI, model: str, program: str, execute_tools: bool) -> Any:
+    return client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=64,
+        extra_headers={"X-Session-ID": program},
+        extra_body={"toolserve": {"execute_tools": execute_tools}},
+    )
+
+
+def test_a_posted_client_output_answers_the_call_without_a_round_trip(
+    client: OpenAI, model_name: str, cluster: Endpoints
+) -> None:
+    program = f"posted-{uuid.uuid4().hex[:8]}"
+    first = _weather_turn(client, model_name, program, execute_tools=True)
+    (call,) = first.choices[0].message.tool_calls or []
+    assert "toolserve" not in (first.model_extra or {}), "nothing posted yet: the client runs it"
+    posted = httpx.post(
+        f"{cluster.api_base.removesuffix('/v1')}/cache-tool-output/{first.id}",
+        json=[
+            {
+                "name": call.function.name,
+                "params": json.loads(call.function.arguments),
+                "output": "Sunny, 21 C",
+            }
+        ],
+        headers={"Authorization": "Bearer test"},
+        timeout=30,
+    )
+    assert posted.status_code == 200, posted.text
+    assert posted.json() == {"cached": 1}
+
+    second = _weather_turn(client, model_name, program, execute_tools=True)
+    extension = (second.model_extra or {}).get("toolserve")
+    assert extension is not None, "the posted output should answer the same call"
+    assert extension["executed_messages"][1]["content"] == "Sunny, 21 C"
+
+    other_program = _weather_turn(client, model_name, program + "-other", execute_tools=True)
+    assert "toolserve" not in (other_program.model_extra or {}), "outputs stay in their program"
+
+
+def test_cache_tool_output_rejects_unknown_foreign_and_malformed_posts(
+    client: OpenAI, model_name: str, cluster: Endpoints, healthy_after: None
+) -> None:
+    response = client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+    )
+    url = f"{cluster.api_base.removesuffix('/v1')}/cache-tool-output"
+    owner = {"Authorization": "Bearer test"}
+    entry = [{"name": "f", "params": {"x": 1}, "output": "y"}]
+
+    def post(path: str, body: Any, headers: dict[str, str]) -> httpx.Response:
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return httpx.post(f"{url}/{path}", content=content, headers=headers, timeout=30)
+
+    cases = [
+        (post("chatcmpl-unknown", entry, owner), 404),
+        (post(response.id, entry, {"Authorization": "Bearer someone-else"}), 403),
+        (post(response.id, entry, {}), 403),
+        (post(response.id, b"{not json", owner), 422),
+        (post(response.id, {"name": "f", "output": "y"}, owner), 422),
+        (post(response.id, [{"name": "f"}], owner), 422),
+        (post(response.id, [{"name": "f", "output": 1, "keep_alive": 0}], owner), 422),
+    ]
+    for reply, status in cases:
+        assert reply.status_code == status, reply.text
+        error = reply.json()["error"]
+        assert error["message"] and error["type"] == "invalid_request_error"
+    ok = post(response.id, [*entry, {"name": "g", "output": ["a"]}], owner)
+    assert ok.status_code == 200 and ok.json() == {"cached": 2}
+
+
+def test_the_demo_agent_gets_its_calculator_call_answered_by_the_server(
+    cluster: Endpoints, model_name: str
+) -> None:
+    records = run_demo(cluster.api_base, model_name, log=lambda _: None)
+    assert len(records) == 5
+    calculator_turn = records[2]
+    assert [name for name, _ in calculator_turn.server_calls] == ["calculator"]
+    assert len(calculator_turn.server_results) == 1
+    file_turns = records[:2]
+    assert all(r.tool_calls and not r.server_calls for r in file_turns), (
+        "the demo's own file tools share hosted names but not schemas: the demo runs them"
+    )
