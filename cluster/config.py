@@ -478,6 +478,50 @@ class ContinuationConfig(_Strict):
     )
 
 
+class SpeculationConfig(_Strict):
+    """Speculative tool calls: predicted calls of side-effect-free hosted tools start
+    on the tool workers while the main model is still generating."""
+
+    enabled: bool = Field(default=True, description="Speculate at all.")
+    draft_predictions: int = Field(
+        default=1,
+        ge=0,
+        description="λ: tool-call samples asked of the draft model per request (0: none; "
+        "needs a draft deployment).",
+    )
+    draft_temperature: float = Field(
+        default=0.8,
+        ge=0,
+        description="Temperature of the draft's samples when λ > 1 (one sample is greedy).",
+    )
+    draft_max_tokens: int = Field(
+        default=128, ge=8, description="Longest draft prediction, in tokens."
+    )
+    learned: bool = Field(
+        default=True,
+        description="Also predict from transitions learned online per agent kind "
+        "(toolworkers/predictor.py).",
+    )
+    learned_predictions: int = Field(
+        default=1, ge=1, description="Learned predictions tried per request."
+    )
+    learned_min_support: int = Field(
+        default=2, ge=1, description="Times a transition must have been seen to be predicted."
+    )
+    learned_min_confidence: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="Least frequency of the predicted tool and of each argument's source.",
+    )
+    moderate_min_confidence: float = Field(
+        default=0.3, ge=0, le=1, description="Least confidence to speculate a moderate-cost tool."
+    )
+    expensive_min_confidence: float = Field(
+        default=0.8, ge=0, le=1, description="Least confidence to speculate an expensive tool."
+    )
+
+
 class ToolsConfig(_Strict):
     """Hosted tools, the tool workers that run them, and the global tool cache."""
 
@@ -496,6 +540,9 @@ class ToolsConfig(_Strict):
     )
     continuation: ContinuationConfig = Field(
         default_factory=ContinuationConfig, description="Engine-side continuation."
+    )
+    speculation: SpeculationConfig = Field(
+        default_factory=SpeculationConfig, description="Speculative tool calls."
     )
 
 

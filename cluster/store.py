@@ -309,6 +309,8 @@ class CachedToolResult:
     state: str
     output: str
     error_kind: str | None
+    origin: str = ""
+    duration_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -327,12 +329,14 @@ _TOOL_CACHE_INDEX = "toolserve:tool-cache:index"
 _CLAIM_TOOL_CALL = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then
-  redis.call('HSET', KEYS[1], 'state', 'pending', 'owner', ARGV[1])
+  redis.call('HSET', KEYS[1], 'state', 'pending', 'owner', ARGV[1], 'origin', ARGV[3])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {'claimed'}
 end
 return {state, redis.call('HGET', KEYS[1], 'output') or '',
-        redis.call('HGET', KEYS[1], 'error_kind') or ''}
+        redis.call('HGET', KEYS[1], 'error_kind') or '',
+        redis.call('HGET', KEYS[1], 'origin') or '',
+        redis.call('HGET', KEYS[1], 'duration_s') or '0'}
 """
 
 # Stores a result unless a completed one is already there (first result wins) or,
@@ -346,7 +350,8 @@ if ARGV[1] ~= '' then
   if state == 'pending' and redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
 end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'state', ARGV[2], 'output', ARGV[3], 'error_kind', ARGV[4])
+redis.call('HSET', KEYS[1], 'state', ARGV[2], 'output', ARGV[3], 'error_kind', ARGV[4],
+           'origin', ARGV[10], 'duration_s', ARGV[11])
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 local now = tonumber(ARGV[6])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
@@ -380,11 +385,12 @@ class ToolCache:
         self._claim = self._client.register_script(_CLAIM_TOOL_CALL)
         self._complete = self._client.register_script(_COMPLETE_TOOL_CALL)
 
-    async def claim(self, key: str, lease_s: float) -> ToolCacheClaim:
+    async def claim(self, key: str, lease_s: float, origin: str = "") -> ToolCacheClaim:
+        """`origin` says who runs the call (e.g. a speculation), for whoever uses it."""
         token = uuid.uuid4().hex
         try:
             reply = await self._claim(
-                keys=[_TOOL_CACHE_ENTRY_PREFIX + key], args=[token, int(lease_s * 1000)]
+                keys=[_TOOL_CACHE_ENTRY_PREFIX + key], args=[token, int(lease_s * 1000), origin]
             )
         except (RedisError, OSError) as error:
             logger.warning("tool cache: cannot claim %s: %s", key, error)
@@ -392,7 +398,10 @@ class ToolCache:
         values = [_text(value) for value in reply]
         if values[0] == "claimed":
             return ToolCacheClaim(True, token, None)
-        return ToolCacheClaim(False, "", CachedToolResult(values[0], values[1], values[2] or None))
+        existing = CachedToolResult(
+            values[0], values[1], values[2] or None, values[3], float(values[4] or 0)
+        )
+        return ToolCacheClaim(False, "", existing)
 
     async def complete(
         self,
@@ -416,6 +425,8 @@ class ToolCache:
                     self._max_entries,
                     key,
                     _TOOL_CACHE_ENTRY_PREFIX,
+                    result.origin,
+                    result.duration_s,
                 ],
             )
         except (RedisError, OSError) as error:
@@ -436,6 +447,8 @@ class ToolCache:
             fields.get("state", "pending"),
             fields.get("output", ""),
             fields.get("error_kind") or None,
+            fields.get("origin", ""),
+            float(fields.get("duration_s") or 0),
         )
 
     async def wait(

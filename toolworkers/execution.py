@@ -5,8 +5,9 @@ tool's keep-alive. Only side-effect-free tools are cached; the others just run."
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -30,18 +31,37 @@ class ResultSource(StrEnum):
     UNCACHED = "uncached"
 
 
+CLIENT_ORIGIN = "client"
+
+
 @dataclass(frozen=True)
 class ToolOutcome:
+    """A call's result and how this requester got it. `origin`: who ran it ("" for
+    a plain call, e.g. `speculation:draft`, or `client` for a posted output);
+    `result.duration_s` is the run's own duration, `waited_s` this requester's wait."""
+
     result: ToolResult
     source: ResultSource
+    origin: str = ""
+    waited_s: float = 0.0
+
+
+# (tool name, outcome, origin of the request): every call an executor answers.
+ToolObserver = Callable[[str, ToolOutcome, str], None]
 
 
 def _from_cache(entry: CachedToolResult) -> ToolResult:
-    return ToolResult(entry.state == "done", entry.output, entry.error_kind, 0.0)
+    return ToolResult(entry.state == "done", entry.output, entry.error_kind, entry.duration_s)
 
 
-def _to_cache(result: ToolResult) -> CachedToolResult:
-    return CachedToolResult("done" if result.ok else "error", result.output, result.error_kind)
+def _to_cache(result: ToolResult, origin: str) -> CachedToolResult:
+    return CachedToolResult(
+        "done" if result.ok else "error",
+        result.output,
+        result.error_kind,
+        origin,
+        result.duration_s,
+    )
 
 
 class ToolExecutor:
@@ -51,11 +71,13 @@ class ToolExecutor:
         run_call: RunCall,
         cache: ToolCache | None,
         cache_config: ToolCacheConfig,
+        observe: ToolObserver | None = None,
     ):
         self._registry = registry
         self._run_call = run_call
         self._cache = cache
         self._cache_config = cache_config
+        self._observe = observe
 
     def cache_key(self, name: str, arguments: dict[str, Any], tenant: str, program_id: str) -> str:
         """A hosted tool's results are shared per its scope; a client tool's only
@@ -85,9 +107,8 @@ class ToolExecutor:
         if self._cache is None:
             return False
         keep_alive = keep_alive_s or self._cache_config.keep_alive_s
-        return await self._cache.complete(
-            key, "", CachedToolResult("done", output, None), keep_alive
-        )
+        posted = CachedToolResult("done", output, None, CLIENT_ORIGIN)
+        return await self._cache.complete(key, "", posted, keep_alive)
 
     async def resolve(
         self,
@@ -115,7 +136,7 @@ class ToolExecutor:
         entry = await self._cache.wait(key, client_result_wait_s, absent_is_final=False)
         if entry is None or entry.state != "done":
             return None
-        return ToolOutcome(_from_cache(entry), ResultSource.CACHED)
+        return ToolOutcome(_from_cache(entry), ResultSource.CACHED, entry.origin)
 
     async def call(
         self,
@@ -124,6 +145,24 @@ class ToolExecutor:
         *,
         tenant: str,
         program_id: str,
+        origin: str = "",
+    ) -> ToolOutcome:
+        """Runs a hosted call, or reuses its cached or in-flight result. `origin`
+        marks who asked (a speculation) for whoever later reuses the result."""
+        started = time.monotonic()
+        outcome = await self._call(name, arguments, tenant, program_id, origin)
+        outcome = replace(outcome, waited_s=time.monotonic() - started)
+        if self._observe is not None:
+            self._observe(name, outcome, origin)
+        return outcome
+
+    async def _call(
+        self,
+        name: str,
+        arguments: str | dict[str, Any] | None,
+        tenant: str,
+        program_id: str,
+        origin: str,
     ) -> ToolOutcome:
         tool = self._registry.get(name)
         if tool is None:
@@ -140,26 +179,27 @@ class ToolExecutor:
             )
         call = SandboxCall(tool.function_reference, parsed, tool.options, tool.spec.timeout_s)
         if self._cache is None or not tool.spec.side_effect_free:
-            return ToolOutcome(await self._run_call(call), ResultSource.UNCACHED)
+            return ToolOutcome(await self._run_call(call), ResultSource.UNCACHED, origin)
         return await self._single_flight(
-            self._cache, self.cache_key(name, parsed, tenant, program_id), tool, call
+            self._cache, self.cache_key(name, parsed, tenant, program_id), tool, call, origin
         )
 
     async def _single_flight(
-        self, cache: ToolCache, key: str, tool: HostedTool, call: SandboxCall
+        self, cache: ToolCache, key: str, tool: HostedTool, call: SandboxCall, origin: str
     ) -> ToolOutcome:
         lease_s = tool.spec.timeout_s + self._cache_config.pending_lease_s
         while True:
-            claim = await cache.claim(key, lease_s)
+            claim = await cache.claim(key, lease_s, origin)
             if claim.claimed:
                 result = await self._run_call(call)
                 keep_alive = tool.keep_alive_s if result.ok else _ERROR_KEEP_ALIVE_S
-                await cache.complete(key, claim.token, _to_cache(result), keep_alive)
-                return ToolOutcome(result, ResultSource.RAN)
+                await cache.complete(key, claim.token, _to_cache(result, origin), keep_alive)
+                return ToolOutcome(result, ResultSource.RAN, origin)
             assert claim.existing is not None
-            if claim.existing.state != "pending":
-                return ToolOutcome(_from_cache(claim.existing), ResultSource.CACHED)
+            existing = claim.existing
+            if existing.state != "pending":
+                return ToolOutcome(_from_cache(existing), ResultSource.CACHED, existing.origin)
             finished = await cache.wait(key, lease_s)
             if finished is not None:
-                return ToolOutcome(_from_cache(finished), ResultSource.AWAITED)
+                return ToolOutcome(_from_cache(finished), ResultSource.AWAITED, finished.origin)
             # The runner's lease ran out (it died): claim the call again.

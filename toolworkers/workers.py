@@ -58,12 +58,16 @@ async def _no_workers(call: SandboxCall) -> ToolResult:
 def tool_executor(
     config: ToolsConfig, redis_url: str | None, workers: DeploymentHandle | None
 ) -> ToolExecutor:
-    """The executor a deployment uses: hosted tools from `config`, run on the pool,
-    shared through the global tool cache when there is a Redis."""
+    """The executor a deployment (a Ray actor) uses: hosted tools from `config`, run
+    on the pool, shared through the global tool cache when there is a Redis,
+    observed by the tool metrics."""
+    from toolworkers.metrics import ToolMetrics
+
     cache = ToolCache(redis_url, config.cache.max_entries) if redis_url else None
     return ToolExecutor(
         ToolRegistry.from_config(config),
         worker_pool_runner(workers) if workers is not None else _no_workers,
         cache,
         config.cache,
+        ToolMetrics().observe,
     )

@@ -1,0 +1,57 @@
+"""Tool metrics (Ray Serve metrics, scraped with the rest): cache hits and
+misses, tool latency per tool, and the time speculation saved real calls."""
+
+from __future__ import annotations
+
+from toolworkers.execution import ResultSource, ToolOutcome
+
+SPECULATION_ORIGIN_PREFIX = "speculation:"
+_LATENCY_BOUNDARIES = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60]
+
+
+def time_saved_s(outcome: ToolOutcome, requester_origin: str) -> float | None:
+    """What a real call gained from a result someone else produced early (a
+    speculation, or the client's posted output): the run it did not wait for.
+    None when the call ran itself or was itself a speculation."""
+    if requester_origin or not outcome.origin:
+        return None
+    if outcome.source not in (ResultSource.CACHED, ResultSource.AWAITED):
+        return None
+    return max(0.0, outcome.result.duration_s - outcome.waited_s)
+
+
+class ToolMetrics:
+    """Created inside a Ray actor (ingress or replica)."""
+
+    def __init__(self) -> None:
+        from ray.serve.metrics import Counter, Histogram
+
+        self._lookups = Counter(
+            "toolserve_tool_cache_lookups",
+            description="Cacheable hosted calls: served from the global tool cache (hit, "
+            "including calls awaited while another requester ran them) or run (miss).",
+            tag_keys=("tool", "result"),
+        )
+        self._latency = Histogram(
+            "toolserve_tool_latency_s",
+            description="Duration of hosted tool runs on the tool workers.",
+            boundaries=_LATENCY_BOUNDARIES,
+            tag_keys=("tool",),
+        )
+        self._saved = Histogram(
+            "toolserve_tool_time_saved_s",
+            description="Per call the model made: tool time it did not wait for because a "
+            "speculation (or the client) had produced the result.",
+            boundaries=_LATENCY_BOUNDARIES,
+            tag_keys=("tool", "origin"),
+        )
+
+    def observe(self, tool: str, outcome: ToolOutcome, requester_origin: str) -> None:
+        if outcome.source in (ResultSource.RAN, ResultSource.UNCACHED):
+            self._latency.observe(outcome.result.duration_s, tags={"tool": tool})
+        if outcome.source is not ResultSource.UNCACHED:
+            result = "miss" if outcome.source is ResultSource.RAN else "hit"
+            self._lookups.inc(tags={"tool": tool, "result": result})
+        saved = time_saved_s(outcome, requester_origin)
+        if saved is not None:
+            self._saved.observe(saved, tags={"tool": tool, "origin": outcome.origin})

@@ -1,0 +1,173 @@
+"""Pure: a tool-call predictor learned online from traffic.
+
+Agents of one kind (same instructions and tools) repeat their workflow: after
+`list_files` comes `read_file`, after `search` comes `open` on what was found.
+Per agent kind the predictor counts which tool follows which (the first call of
+a conversation follows START) and, per such transition, where each argument's
+value came from: a constant the agent always passes, or the same value as an
+argument of the previous call. A prediction is made only when the next tool
+and every argument have been seen often enough, with a confidence that is the
+product of those frequencies.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolworkers.cache_keys import ArgumentsError, normalized_arguments
+
+START = "(start)"
+
+
+@dataclass(frozen=True)
+class ObservedCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PredictedCall:
+    name: str
+    arguments: dict[str, Any]
+    confidence: float
+    source: str
+
+
+def calls_in_history(messages: list[Any]) -> list[ObservedCall]:
+    """The tool calls of a conversation's assistant messages, in order (calls with
+    unreadable arguments are skipped)."""
+    calls = []
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") != "assistant":
+            continue
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                continue
+            try:
+                arguments = normalized_arguments(function.get("arguments"))
+            except ArgumentsError:
+                continue
+            calls.append(ObservedCall(function["name"], arguments))
+    return calls
+
+
+def answers_last_call(messages: list[Any]) -> bool:
+    """Does the conversation end with the results of its latest tool calls (so
+    that latest call is news to whoever reads this request)?"""
+    return bool(messages) and isinstance(messages[-1], dict) and messages[-1].get("role") == "tool"
+
+
+def _value_key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass
+class _Transition:
+    """What followed one previous tool, with where each argument came from."""
+
+    count: int = 0
+    argument_counts: Counter[str] = field(default_factory=Counter)
+    sources: dict[str, Counter[tuple[str, str]]] = field(default_factory=dict)
+
+
+@dataclass
+class _Context:
+    """Everything seen after one previous tool in one agent kind."""
+
+    total: int = 0
+    following: dict[str, _Transition] = field(default_factory=dict)
+
+
+class TransitionPredictor:
+    def __init__(
+        self,
+        min_support: int = 2,
+        min_confidence: float = 0.5,
+        max_agents: int = 1024,
+        max_tools_per_agent: int = 256,
+    ):
+        self._min_support = min_support
+        self._min_confidence = min_confidence
+        self._max_agents = max_agents
+        self._max_tools = max_tools_per_agent
+        self._agents: OrderedDict[str, dict[str, _Context]] = OrderedDict()
+
+    def observe(self, agent: str, previous: ObservedCall | None, call: ObservedCall) -> None:
+        contexts = self._agents.get(agent)
+        if contexts is None:
+            contexts = self._agents[agent] = {}
+            while len(self._agents) > self._max_agents:
+                self._agents.popitem(last=False)
+        self._agents.move_to_end(agent)
+        previous_name = previous.name if previous else START
+        context = contexts.get(previous_name)
+        if context is None:
+            if len(contexts) >= self._max_tools:
+                return
+            context = contexts[previous_name] = _Context()
+        context.total += 1
+        transition = context.following.setdefault(call.name, _Transition())
+        transition.count += 1
+        for name, value in call.arguments.items():
+            transition.argument_counts[name] += 1
+            sources = transition.sources.setdefault(name, Counter())
+            for source in self._sources_of(value, previous):
+                sources[source] += 1
+
+    @staticmethod
+    def _sources_of(value: Any, previous: ObservedCall | None) -> list[tuple[str, str]]:
+        sources = [("constant", _value_key(value))]
+        if previous is not None:
+            sources += [
+                ("copy", name)
+                for name, earlier in previous.arguments.items()
+                if _value_key(earlier) == _value_key(value)
+            ]
+        return sources
+
+    def predict(
+        self, agent: str, previous: ObservedCall | None, limit: int = 1
+    ) -> list[PredictedCall]:
+        """The likeliest next calls with fully determined arguments, most confident first."""
+        contexts = self._agents.get(agent)
+        context = contexts.get(previous.name if previous else START) if contexts else None
+        if context is None or context.total == 0:
+            return []
+        predictions = []
+        for name, transition in context.following.items():
+            if transition.count < self._min_support:
+                continue
+            confidence = transition.count / context.total
+            arguments: dict[str, Any] = {}
+            for argument, seen in transition.argument_counts.items():
+                if seen * 2 < transition.count:
+                    continue  # an optional argument the agent mostly leaves out
+                found, value, support = self._best_source(transition.sources[argument], previous)
+                if not found:
+                    confidence = 0.0
+                    break
+                arguments[argument] = value
+                confidence *= support / transition.count
+            if confidence >= self._min_confidence:
+                predictions.append(PredictedCall(name, arguments, confidence, "learned"))
+        predictions.sort(key=lambda prediction: -prediction.confidence)
+        return predictions[:limit]
+
+    @staticmethod
+    def _best_source(
+        sources: Counter[tuple[str, str]], previous: ObservedCall | None
+    ) -> tuple[bool, Any, int]:
+        """The value the most frequent usable source gives (a copy of the previous
+        call's argument over an equally frequent constant: it generalizes), and
+        that source's count; (False, None, 0) when no source is usable."""
+        ranked = sorted(sources.items(), key=lambda item: (-item[1], item[0][0] != "copy"))
+        for (kind, detail), count in ranked:
+            if kind == "constant":
+                return True, json.loads(detail), count
+            if previous is not None and detail in previous.arguments:
+                return True, previous.arguments[detail], count
+        return False, None, 0

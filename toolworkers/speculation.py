@@ -1,0 +1,166 @@
+"""Pure: which predicted tool calls to run early, how to ask the draft model for
+predictions, and how a turn's actual calls settle the speculations (used or
+wasted). Speculation only ever starts side-effect-free hosted tools the request
+declared; it changes when a result is ready, never what the client receives."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from cluster.config import SpeculationConfig
+from toolworkers.cache_keys import ArgumentsError, canonical_arguments, normalized_arguments
+from toolworkers.predictor import ObservedCall, PredictedCall
+from toolworkers.registry import CostClass, ToolRegistry
+
+DRAFT_SOURCE = "draft"
+
+
+def call_identity(name: str, arguments: dict[str, Any]) -> str:
+    return f"{name}\x00{canonical_arguments(arguments)}"
+
+
+def draft_request(
+    body: dict[str, Any], draft_model: str, config: SpeculationConfig
+) -> dict[str, Any] | None:
+    """The draft model's request for λ predictions of the main model's next call:
+    the same conversation and tools, made to call at once (no prose first), so
+    the prediction is ready early. None when the request cannot call tools."""
+    samples = config.draft_predictions
+    tool_choice = body.get("tool_choice")
+    if samples == 0 or not body.get("tools") or tool_choice == "none":
+        return None
+    return {
+        "model": draft_model,
+        "messages": body["messages"],
+        "tools": body["tools"],
+        "tool_choice": tool_choice if isinstance(tool_choice, dict) else "required",
+        "n": samples,
+        "temperature": config.draft_temperature if samples > 1 else 0.0,
+        "max_tokens": config.draft_max_tokens,
+        "stream": False,
+    }
+
+
+def draft_predictions(reply: dict[str, Any]) -> list[PredictedCall]:
+    """The distinct calls of a draft reply's samples; confidence = the share of
+    samples that made the call."""
+    choices = reply.get("choices") or []
+    seen: Counter[str] = Counter()
+    calls: dict[str, PredictedCall] = {}
+    for choice in choices:
+        for call in (choice.get("message") or {}).get("tool_calls") or []:
+            function = call.get("function") or {}
+            try:
+                arguments = normalized_arguments(function.get("arguments"))
+            except ArgumentsError:
+                continue
+            identity = call_identity(function.get("name", ""), arguments)
+            seen[identity] += 1
+            calls[identity] = PredictedCall(function.get("name", ""), arguments, 0.0, DRAFT_SOURCE)
+    return [
+        PredictedCall(call.name, call.arguments, seen[identity] / len(choices), call.source)
+        for identity, call in calls.items()
+    ]
+
+
+class SpeculationPolicy:
+    def __init__(self, config: SpeculationConfig, registry: ToolRegistry):
+        self._config = config
+        self._registry = registry
+
+    def _threshold(self, cost_class: CostClass) -> float:
+        if cost_class is CostClass.EXPENSIVE:
+            return self._config.expensive_min_confidence
+        if cost_class is CostClass.MODERATE:
+            return self._config.moderate_min_confidence
+        return 0.0
+
+    def choose(
+        self, predictions: list[PredictedCall], declared_hosted: set[str]
+    ) -> list[PredictedCall]:
+        """Predictions worth running now: of side-effect-free hosted tools the
+        request declared with their hosted schema, confident enough for the
+        tool's cost, each distinct call once (its most confident prediction)."""
+        best: dict[str, PredictedCall] = {}
+        for prediction in predictions:
+            tool = self._registry.get(prediction.name)
+            if tool is None or not tool.spec.side_effect_free:
+                continue
+            if prediction.name not in declared_hosted:
+                continue
+            if prediction.confidence < self._threshold(tool.spec.cost_class):
+                continue
+            identity = call_identity(prediction.name, prediction.arguments)
+            if identity not in best or best[identity].confidence < prediction.confidence:
+                best[identity] = prediction
+        return sorted(best.values(), key=lambda prediction: -prediction.confidence)
+
+
+@dataclass(frozen=True)
+class Settlement:
+    used: list[PredictedCall]
+    wasted: list[PredictedCall]
+
+
+def settle(issued: list[PredictedCall], actual: list[ObservedCall]) -> Settlement:
+    """A speculation is used when the turn made exactly that call."""
+    made = {call_identity(call.name, call.arguments) for call in actual}
+    used = [p for p in issued if call_identity(p.name, p.arguments) in made]
+    wasted = [p for p in issued if call_identity(p.name, p.arguments) not in made]
+    return Settlement(used, wasted)
+
+
+def _observed(function: dict[str, Any]) -> ObservedCall | None:
+    try:
+        return ObservedCall(function["name"], normalized_arguments(function.get("arguments")))
+    except (ArgumentsError, KeyError, TypeError):
+        return None
+
+
+def _message_calls(message: dict[str, Any]) -> list[ObservedCall]:
+    calls = [_observed(call.get("function") or {}) for call in message.get("tool_calls") or []]
+    return [call for call in calls if call is not None]
+
+
+def reply_calls(reply: dict[str, Any]) -> list[ObservedCall]:
+    """Every call a non-streamed reply made: those the server ran, then the reply's own."""
+    calls: list[ObservedCall] = []
+    for message in (reply.get("toolserve") or {}).get("executed_messages") or []:
+        calls += _message_calls(message)
+    for choice in reply.get("choices") or []:
+        calls += _message_calls(choice.get("message") or {})
+    return calls
+
+
+@dataclass
+class StreamedCalls:
+    """Every call a streamed reply made, collected from its SSE chunks."""
+
+    calls: list[ObservedCall] = field(default_factory=list)
+    _pending: dict[int, dict[str, str]] = field(default_factory=dict)
+
+    def feed(self, sse: str) -> None:
+        if "tool_call" not in sse and "executed_messages" not in sse:
+            return
+        for event in sse.split("\n\n"):
+            payload = event.strip().removeprefix("data:").strip()
+            if not payload.startswith("{"):
+                continue
+            data = json.loads(payload)
+            for message in (data.get("toolserve") or {}).get("executed_messages") or []:
+                self.calls += _message_calls(message)
+            for choice in data.get("choices") or []:
+                for part in (choice.get("delta") or {}).get("tool_calls") or []:
+                    pending = self._pending.setdefault(
+                        int(part.get("index", 0)), {"name": "", "arguments": ""}
+                    )
+                    function = part.get("function") or {}
+                    pending["name"] = function.get("name") or pending["name"]
+                    pending["arguments"] += function.get("arguments") or ""
+
+    def finish(self) -> list[ObservedCall]:
+        streamed = [_observed(function) for _, function in sorted(self._pending.items())]
+        return self.calls + [call for call in streamed if call is not None]
