@@ -146,6 +146,7 @@ def build_application(
             main,
             draft,
             config.main.engine.served_model_name,
+            config.draft.engine.served_model_name if config.draft else None,
             config.main.engine.max_model_len,
             redis_url,
             deployment_id,

@@ -29,6 +29,7 @@ from deployments.errors import (
 )
 from deployments.model_server import EngineState, EngineStatus, ReplyHead
 from deployments.pinning.settings import LAST_STEP_ARG
+from deployments.speculator import SpeculationTurn, Speculator
 from deployments.tool_api import (
     PostedToolOutput,
     parse_tool_outputs,
@@ -36,6 +37,8 @@ from deployments.tool_api import (
     tenant_of,
 )
 from toolworkers.cache_keys import ArgumentsError, normalized_arguments
+from toolworkers.predictor import ObservedCall
+from toolworkers.speculation import StreamedCalls, reply_calls
 
 SESSION_HEADER = "X-Session-ID"
 ONESHOT_PREFIX = "oneshot-"
@@ -187,6 +190,7 @@ class OpenAIIngress:
         main: DeploymentHandle,
         draft: DeploymentHandle | None,
         served_model: str,
+        draft_model: str | None,
         max_model_len: int,
         redis_url: str,
         deployment_id: str,
@@ -200,6 +204,7 @@ class OpenAIIngress:
         self._main = main
         self._draft = draft
         self._served_model = served_model
+        self._draft_model = draft_model if draft is not None else None
         self._max_model_len = max_model_len
         self._created = int(time.time())
         self._store = ClusterStore(redis_url)
@@ -208,6 +213,7 @@ class OpenAIIngress:
 
         self._tools_config = tools
         self._tools = tool_executor(tools, redis_url, tool_workers)
+        self._speculator = Speculator(tools.speculation, self._tools, draft, self._draft_model)
         from ray.serve.metrics import Counter, Histogram
 
         self._requests = Counter(
@@ -227,16 +233,18 @@ class OpenAIIngress:
 
     @app.get("/v1/models")
     async def models(self) -> dict[str, Any]:
+        """The main model, and the draft model (clients may ask it for predictions)."""
         return {
             "object": "list",
             "data": [
                 {
-                    "id": self._served_model,
+                    "id": name,
                     "object": "model",
                     "created": self._created,
                     "owned_by": "toolserve",
                     "max_model_len": self._max_model_len,
                 }
+                for name in self._model_names()
             ],
         }
 
@@ -284,7 +292,7 @@ class OpenAIIngress:
         started = time.monotonic()
         route = "chat_completions"
         try:
-            body = parse_chat_body(await request.body(), [self._served_model])
+            body = parse_chat_body(await request.body(), self._model_names())
             options = pop_turn_options(body)
             program_id = program_id_for(request.headers.get(SESSION_HEADER), body)
         except RequestRejected as rejected:
@@ -299,31 +307,68 @@ class OpenAIIngress:
         owner = ResponseOwner(f"chatcmpl-{body['request_id']}", tenant, program_id)
         await self._store.record_response(owner, self._tools_config.cache.response_owner_ttl_s)
         turn = TurnContext(tenant=tenant, execute_tools=options.execute_tools)
+        to_draft = self._draft is not None and body.get("model") == self._draft_model
+        speculation = (
+            self._speculator.start(body, program_id, tenant)
+            if options.execute_tools and not to_draft
+            else None
+        )
 
         try:
-            stream, head = await self._start_chat(body, program_id, turn)
+            stream, head = await self._start_chat(body, program_id, turn, to_draft)
         except Exception as error:
+            self._settle(speculation, [])
             unavailable = engine_not_ready(f"model replica unavailable: {type(error).__name__}")
             self._count(route, unavailable.status)
             return error_response(unavailable, headers)
         headers[REPLICA_HEADER] = head.replica_id
         self._latency.observe(time.monotonic() - started, tags={"route": route})
         if head.error is not None:
+            self._settle(speculation, [])
             self._count(route, head.error.status)
             return error_response(head.error, headers)
         self._count(route, 200)
         if not head.streaming:
+            self._settle(speculation, reply_calls(head.body or {}))
             return JSONResponse(head.body, headers=headers)
-        return StreamingResponse(_relay(stream), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(
+            self._relay_settling(stream, speculation),
+            media_type="text/event-stream",
+            headers=headers,
+        )
+
+    def _model_names(self) -> list[str]:
+        return [self._served_model] + ([self._draft_model] if self._draft_model else [])
+
+    def _settle(self, speculation: SpeculationTurn | None, calls: list[ObservedCall]) -> None:
+        if speculation is not None:
+            self._speculator.settle(speculation, calls)
+
+    async def _relay_settling(
+        self, stream: DeploymentResponseGenerator, speculation: SpeculationTurn | None
+    ) -> AsyncIterator[str]:
+        if speculation is None:
+            async for chunk in _relay(stream):
+                yield chunk
+            return
+        calls = StreamedCalls()
+        try:
+            async for chunk in _relay(stream):
+                calls.feed(chunk)
+                yield chunk
+        finally:
+            self._settle(speculation, calls.finish())
 
     async def _start_chat(
-        self, body: dict[str, Any], program_id: str, turn: TurnContext
+        self, body: dict[str, Any], program_id: str, turn: TurnContext, to_draft: bool
     ) -> tuple[DeploymentResponseGenerator, ReplyHead]:
-        """Sends the turn to a main replica (chosen by the router from the program id)
-        and waits for its reply head."""
+        """Sends the turn to a main replica (chosen by the router from the program id),
+        or a draft replica when the request names the draft model, and waits for
+        its reply head."""
         from ray.exceptions import ActorUnavailableError, RayActorError
 
-        handle = self._main.options(stream=True, session_id=program_id)
+        deployment = self._draft if to_draft and self._draft is not None else self._main
+        handle = deployment.options(stream=True, session_id=program_id)
         retries_left = _REPLICA_LOSS_RETRIES
         while True:
             stream = handle.chat.remote(body, turn)

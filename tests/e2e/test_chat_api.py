@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 from openai import OpenAI
 
+from cluster.config import ToolserveConfig
 from cluster.launcher import Endpoints
 
 pytestmark = pytest.mark.e2e
@@ -53,8 +54,24 @@ def _assert_valid_call(name: str, arguments: str) -> dict[str, Any]:
     return dict(parsed)
 
 
-def test_models_lists_the_main_model(client: OpenAI, model_name: str) -> None:
-    assert [model.id for model in client.models.list()] == [model_name]
+def test_models_lists_the_main_and_draft_models(
+    client: OpenAI, model_name: str, cluster_config: ToolserveConfig
+) -> None:
+    assert cluster_config.draft is not None
+    draft = cluster_config.draft.engine.served_model_name
+    assert [model.id for model in client.models.list()] == [model_name, draft]
+
+
+def test_the_draft_model_answers_requests_that_name_it(
+    client: OpenAI, cluster_config: ToolserveConfig
+) -> None:
+    assert cluster_config.draft is not None
+    draft = cluster_config.draft.engine.served_model_name
+    response = client.chat.completions.with_raw_response.create(
+        model=draft, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+    )
+    assert response.parse().model == draft
+    assert response.headers["x-toolserve-replica"]
 
 
 def test_health_reports_engines_and_redis(cluster: Endpoints) -> None:

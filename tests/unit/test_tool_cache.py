@@ -11,7 +11,7 @@ import pytest
 
 from cluster.config import HostedToolConfig, SandboxLimits, ToolCacheConfig, ToolsConfig
 from cluster.store import CachedToolResult, ToolCache
-from toolworkers.execution import ResultSource, ToolExecutor
+from toolworkers.execution import ResultSource, ToolExecutor, ToolOutcome
 from toolworkers.registry import ToolRegistry
 from toolworkers.sandbox import SandboxCall, ToolResult, run_sandboxed
 
@@ -318,3 +318,37 @@ def test_resolve_runs_hosted_tools(cache_url: str) -> None:
     (first, first_source), (second, second_source) = asyncio.run(scenario())
     assert first == second
     assert (first_source, second_source) == (ResultSource.RAN, ResultSource.CACHED)
+
+
+def test_a_speculative_run_is_reused_with_its_origin_and_duration(
+    cache_url: str, tmp_path: Path
+) -> None:
+    ledger = tmp_path / "runs.log"
+    config = tools_config(
+        HostedToolConfig(function="tool_cache_probes:slow_lookup", options={"ledger": str(ledger)})
+    )
+    registry = ToolRegistry.from_config(config)
+
+    async def sandboxed(call: SandboxCall) -> ToolResult:
+        return await run_sandboxed(call, LIMITS)
+
+    async def scenario() -> tuple[ToolOutcome, ToolOutcome]:
+        cache = ToolCache(cache_url, 1000)
+        executor = ToolExecutor(registry, sandboxed, cache, config.cache)
+        arguments = {"city": unique("city"), "days": 2}
+        speculation = asyncio.create_task(
+            executor.call(
+                "slow_lookup", arguments, tenant="t", program_id="p", origin="speculation:draft"
+            )
+        )
+        await asyncio.sleep(0.2)
+        real = await executor.call("slow_lookup", arguments, tenant="t", program_id="p")
+        return await speculation, real
+
+    speculative, real = asyncio.run(scenario())
+    assert speculative.source is ResultSource.RAN and speculative.origin == "speculation:draft"
+    assert real.source is ResultSource.AWAITED and real.origin == "speculation:draft"
+    assert real.result.output == speculative.result.output
+    assert real.result.duration_s == speculative.result.duration_s > 0.5
+    assert real.waited_s < speculative.waited_s
+    assert ledger.read_text().splitlines() == ["ran"]

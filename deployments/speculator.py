@@ -1,0 +1,175 @@
+"""Ingress side of speculative tool calls: for each chat turn that declares hosted
+tools, predict its calls (learned transitions at once, the draft model's λ
+samples when they arrive), start the chosen ones on the tool workers through
+the global tool cache, and settle them against the calls the turn made."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from cluster.config import SpeculationConfig
+from deployments.continuation import declared_hosted_tools
+from router.prefix import shared_prefix_key
+from toolworkers.execution import ToolExecutor
+from toolworkers.metrics import SPECULATION_ORIGIN_PREFIX
+from toolworkers.predictor import (
+    ObservedCall,
+    PredictedCall,
+    TransitionPredictor,
+    answers_last_call,
+    calls_in_history,
+)
+from toolworkers.speculation import (
+    SpeculationPolicy,
+    call_identity,
+    draft_predictions,
+    draft_request,
+    settle,
+)
+
+if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle
+
+logger = logging.getLogger("toolserve.speculation")
+
+# The draft's answer is worth waiting for only while the main model may still
+# be generating; past this, a turn's speculation gives up on it.
+_DRAFT_TIMEOUT_S = 60.0
+
+
+@dataclass
+class SpeculationTurn:
+    """The speculations one turn issued, by call identity."""
+
+    issued: dict[str, PredictedCall] = field(default_factory=dict)
+    task: asyncio.Task[None] | None = None
+
+
+class Speculator:
+    def __init__(
+        self,
+        config: SpeculationConfig,
+        executor: ToolExecutor,
+        draft: DeploymentHandle | None,
+        draft_model: str | None,
+    ):
+        from ray.serve.metrics import Counter
+
+        self._config = config
+        self._executor = executor
+        self._draft = draft if config.draft_predictions > 0 else None
+        self._draft_model = draft_model
+        self._predictor = TransitionPredictor(
+            min_support=config.learned_min_support, min_confidence=config.learned_min_confidence
+        )
+        self._policy = SpeculationPolicy(config, executor.registry)
+        self._running: set[asyncio.Task[Any]] = set()
+        self._issued = Counter(
+            "toolserve_speculations_issued",
+            description="Predicted tool calls started before the model asked for them.",
+            tag_keys=("source",),
+        )
+        self._used = Counter(
+            "toolserve_speculations_used",
+            description="Speculations whose call the turn then made (accepted predictions).",
+            tag_keys=("source",),
+        )
+        self._wasted = Counter(
+            "toolserve_speculations_wasted",
+            description="Speculations whose call the turn did not make.",
+            tag_keys=("source",),
+        )
+
+    def start(self, body: dict[str, Any], program_id: str, tenant: str) -> SpeculationTurn | None:
+        """Learns from the turn's history, then starts speculating in the background."""
+        if not self._config.enabled:
+            return None
+        messages = body.get("messages") or []
+        history = calls_in_history(messages)
+        agent = shared_prefix_key(body, 0) or ""
+        if history and answers_last_call(messages):
+            previous = history[-2] if len(history) > 1 else None
+            self._predictor.observe(agent, previous, history[-1])
+        declared = declared_hosted_tools(
+            body.get("tools") or [], self._executor.registry.openai_schemas()
+        )
+        if not declared:
+            return None
+        turn = SpeculationTurn()
+        last_call = history[-1] if history else None
+        turn.task = asyncio.create_task(
+            self._speculate(body, agent, last_call, declared, program_id, tenant, turn)
+        )
+        return turn
+
+    async def _speculate(
+        self,
+        body: dict[str, Any],
+        agent: str,
+        last_call: ObservedCall | None,
+        declared: set[str],
+        program_id: str,
+        tenant: str,
+        turn: SpeculationTurn,
+    ) -> None:
+        if self._config.learned:
+            learned = self._predictor.predict(agent, last_call, self._config.learned_predictions)
+            self._launch(self._policy.choose(learned, declared), program_id, tenant, turn)
+        if self._draft is None or self._draft_model is None:
+            return
+        request = draft_request(body, self._draft_model, self._config)
+        if request is None:
+            return
+        try:
+            reply = await asyncio.wait_for(self._ask_draft(request), _DRAFT_TIMEOUT_S)
+        except Exception as error:
+            logger.warning("draft prediction failed: %s: %s", type(error).__name__, error)
+            return
+        if reply is not None:
+            drafted = draft_predictions(reply)
+            self._launch(self._policy.choose(drafted, declared), program_id, tenant, turn)
+
+    async def _ask_draft(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        assert self._draft is not None
+        stream = self._draft.options(stream=True).chat.remote(request)
+        try:
+            head = await stream.__anext__()
+        finally:
+            stream.cancel()
+        return head.body if head.error is None else None
+
+    def _launch(
+        self, chosen: list[PredictedCall], program_id: str, tenant: str, turn: SpeculationTurn
+    ) -> None:
+        for prediction in chosen:
+            identity = call_identity(prediction.name, prediction.arguments)
+            if identity in turn.issued:
+                continue
+            turn.issued[identity] = prediction
+            self._issued.inc(tags={"source": prediction.source})
+            run = asyncio.create_task(
+                self._executor.call(
+                    prediction.name,
+                    prediction.arguments,
+                    tenant=tenant,
+                    program_id=program_id,
+                    origin=SPECULATION_ORIGIN_PREFIX + prediction.source,
+                )
+            )
+            # The run outlives the turn: its result goes to the cache either way.
+            self._running.add(run)
+            run.add_done_callback(self._running.discard)
+
+    def settle(self, turn: SpeculationTurn, actual: list[ObservedCall]) -> None:
+        """Counts the turn's speculations used or wasted; a draft answer still
+        outstanding is too late to matter."""
+        if turn.task is not None and not turn.task.done():
+            turn.task.cancel()
+        settlement = settle(list(turn.issued.values()), actual)
+        for prediction in settlement.used:
+            self._used.inc(tags={"source": prediction.source})
+        for prediction in settlement.wasted:
+            self._wasted.inc(tags={"source": prediction.source})

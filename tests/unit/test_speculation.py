@@ -1,0 +1,187 @@
+"""Speculation policy, draft requests and replies, settlement, and time saved."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cluster.config import HostedToolConfig, SpeculationConfig, ToolsConfig
+from toolworkers.execution import ResultSource, ToolOutcome
+from toolworkers.metrics import time_saved_s
+from toolworkers.predictor import ObservedCall, PredictedCall
+from toolworkers.registry import ToolRegistry
+from toolworkers.sandbox import ToolResult
+from toolworkers.speculation import (
+    SpeculationPolicy,
+    StreamedCalls,
+    draft_predictions,
+    draft_request,
+    reply_calls,
+    settle,
+)
+
+REGISTRY = ToolRegistry.from_config(
+    ToolsConfig(
+        hosted=[
+            HostedToolConfig(function="toolworkers.hosted_tools:calculator"),
+            HostedToolConfig(function="toolworkers.hosted_tools:read_file", options={"root": "."}),
+            HostedToolConfig(
+                function="toolworkers.hosted_tools:search_files", options={"root": "."}
+            ),
+            HostedToolConfig(
+                function="tool_cache_probes:append_line",
+                options={"ledger": "/dev/null"},
+            ),
+        ]
+    )
+)
+DECLARED = {"calculator", "read_file", "search_files", "append_line"}
+BODY: dict[str, Any] = {
+    "model": "main",
+    "messages": [{"role": "user", "content": "6*7?"}],
+    "tools": REGISTRY.openai_schemas(),
+    "structured_outputs": {"regex": "x"},
+}
+
+
+def _predicted(name: str, confidence: float = 1.0, **arguments: Any) -> PredictedCall:
+    return PredictedCall(name, arguments, confidence, "learned")
+
+
+def _tool_call(name: str, arguments: str) -> dict[str, Any]:
+    return {"id": "c", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def test_the_draft_is_asked_for_lambda_calls_without_prose() -> None:
+    one = draft_request(BODY, "draft", SpeculationConfig())
+    assert one is not None
+    assert one["model"] == "draft" and one["n"] == 1 and one["temperature"] == 0.0
+    assert one["tool_choice"] == "required" and not one["stream"]
+    assert "structured_outputs" not in one
+    named = {"type": "function", "function": {"name": "calculator"}}
+    three = draft_request(
+        BODY | {"tool_choice": named}, "draft", SpeculationConfig(draft_predictions=3)
+    )
+    assert three is not None
+    assert three["n"] == 3 and three["temperature"] == 0.8 and three["tool_choice"] == named
+    assert draft_request(BODY | {"tool_choice": "none"}, "draft", SpeculationConfig()) is None
+    assert draft_request(BODY, "draft", SpeculationConfig(draft_predictions=0)) is None
+    assert draft_request(BODY | {"tools": []}, "draft", SpeculationConfig()) is None
+
+
+def test_draft_samples_become_predictions_with_agreement_as_confidence() -> None:
+    reply = {
+        "choices": [
+            {"message": {"tool_calls": [_tool_call("calculator", '{"expression": "6*7"}')]}},
+            {"message": {"tool_calls": [_tool_call("calculator", '{ "expression":"6*7" }')]}},
+            {"message": {"tool_calls": [_tool_call("read_file", '{"path": "a"}')]}},
+            {"message": {"content": "no call"}},
+        ]
+    }
+    predictions = {(p.name, json.dumps(p.arguments)): p for p in draft_predictions(reply)}
+    assert predictions[("calculator", '{"expression": "6*7"}')].confidence == 0.5
+    assert predictions[("read_file", '{"path": "a"}')].confidence == 0.25
+    assert all(p.source == "draft" for p in predictions.values())
+
+
+def test_policy_runs_only_declared_side_effect_free_tools_confident_enough() -> None:
+    policy = SpeculationPolicy(SpeculationConfig(moderate_min_confidence=0.5), REGISTRY)
+    chosen = policy.choose(
+        [
+            _predicted("calculator", 0.1, expression="1+1"),
+            _predicted("calculator", 0.9, expression="1+1"),
+            _predicted("append_line", 1.0, text="x"),
+            _predicted("get_weather", 1.0, city="Paris"),
+            _predicted("search_files", 0.4, text="todo"),
+            _predicted("search_files", 0.6, text="bug"),
+            _predicted("read_file", 0.2, path="a"),
+        ],
+        DECLARED,
+    )
+    assert [(p.name, p.arguments, p.confidence) for p in chosen] == [
+        ("calculator", {"expression": "1+1"}, 0.9),
+        ("search_files", {"text": "bug"}, 0.6),
+        ("read_file", {"path": "a"}, 0.2),
+    ]
+    assert policy.choose([_predicted("calculator", expression="1")], {"read_file"}) == []
+
+
+def test_settlement_matches_calls_canonically() -> None:
+    issued = [_predicted("calculator", expression="6*7"), _predicted("read_file", path="a")]
+    made = [ObservedCall("calculator", {"expression": "6*7"})]
+    settlement = settle(issued, made)
+    assert settlement.used == issued[:1] and settlement.wasted == issued[1:]
+
+
+def test_a_replys_calls_include_those_the_server_ran() -> None:
+    reply = {
+        "choices": [{"message": {"tool_calls": [_tool_call("read_file", '{"path": "b"}')]}}],
+        "toolserve": {
+            "executed_messages": [
+                {
+                    "role": "assistant",
+                    "tool_calls": [_tool_call("calculator", '{"expression": "1"}')],
+                },
+                {"role": "tool", "tool_call_id": "c", "content": "1"},
+            ]
+        },
+    }
+    assert reply_calls(reply) == [
+        ObservedCall("calculator", {"expression": "1"}),
+        ObservedCall("read_file", {"path": "b"}),
+    ]
+
+
+def test_streamed_calls_are_assembled_from_deltas_and_extension_chunks() -> None:
+    def sse(data: dict[str, Any]) -> str:
+        return f"data: {json.dumps(data)}\n\n"
+
+    collected = StreamedCalls()
+    executed = [
+        {"role": "assistant", "tool_calls": [_tool_call("calculator", '{"expression": "1"}')]}
+    ]
+    for chunk in [
+        sse({"choices": [{"delta": {"content": "hi"}}]}),
+        sse({"choices": [{"delta": {}}], "toolserve": {"executed_messages": executed}}),
+        sse(
+            {
+                "choices": [
+                    {
+                        "delta": {
+                            "tool_calls": [
+                                {"index": 0, "function": {"name": "read_file", "arguments": '{"pa'}}
+                            ]
+                        }
+                    }
+                ]
+            }
+        ),
+        sse(
+            {
+                "choices": [
+                    {
+                        "delta": {
+                            "tool_calls": [{"index": 0, "function": {"arguments": 'th": "c"}'}}]
+                        }
+                    }
+                ]
+            }
+        ),
+        "data: [DONE]\n\n",
+    ]:
+        collected.feed(chunk)
+    assert collected.finish() == [
+        ObservedCall("calculator", {"expression": "1"}),
+        ObservedCall("read_file", {"path": "c"}),
+    ]
+
+
+def test_time_saved_counts_only_real_calls_served_by_someone_elses_run() -> None:
+    result = ToolResult(True, "42", None, duration_s=2.0)
+    awaited = ToolOutcome(result, ResultSource.AWAITED, "speculation:draft", waited_s=0.5)
+    assert time_saved_s(awaited, "") == 1.5
+    cached = ToolOutcome(result, ResultSource.CACHED, "speculation:learned", waited_s=0.01)
+    assert time_saved_s(cached, "") == 1.99
+    assert time_saved_s(cached, "speculation:draft") is None, "a speculation saves no one time"
+    assert time_saved_s(ToolOutcome(result, ResultSource.RAN, "", 2.0), "") is None
+    assert time_saved_s(ToolOutcome(result, ResultSource.CACHED, "", 0.0), "") is None
