@@ -29,20 +29,32 @@ def hosted_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def cluster_config(hosted_data_dir: Path) -> ToolserveConfig:
+def lookup_ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One line per run of the cluster's `lookup_record` tool (bench/tools.py)."""
+    return tmp_path_factory.mktemp("lookup") / "runs.log"
+
+
+@pytest.fixture(scope="session")
+def cluster_config(hosted_data_dir: Path, lookup_ledger: Path) -> ToolserveConfig:
     config = load_config()
-    file_tools = [
+    extra_tools = [
         HostedToolConfig(
             function=f"toolworkers.hosted_tools:{name}", options={"root": str(hosted_data_dir)}
         )
         for name in ("read_file", "list_files")
     ]
+    extra_tools.append(
+        HostedToolConfig(
+            function="bench.tools:lookup_record",
+            options={"latency_s": 1.0, "ledger": str(lookup_ledger)},
+        )
+    )
     return config.model_copy(
         update={
             "server": config.server.model_copy(update={"port": free_port()}),
             "ray": config.ray.model_copy(update={"metrics_export_port": free_port()}),
             "tools": config.tools.model_copy(
-                update={"hosted": [*config.tools.hosted, *file_tools]}
+                update={"hosted": [*config.tools.hosted, *extra_tools]}
             ),
         }
     )
