@@ -4,6 +4,7 @@ runs once, early, and the model's own call reuses it. Real Ray, Redis, vLLM
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -12,13 +13,27 @@ from typing import Any
 
 import httpx
 import pytest
-from openai import OpenAI
+from openai import AsyncOpenAI, OpenAI
 
 from bench.tools import record_text
+from cluster.config import ToolserveConfig
 from cluster.launcher import Endpoints
+from toolworkers.client import SpeculativeToolClient, SpeculativeTurn
 
 pytestmark = pytest.mark.e2e
 
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
 LOOKUP_CHOICE = {"type": "function", "function": {"name": "lookup_record"}}
 
 
@@ -100,3 +115,49 @@ def test_a_correctly_predicted_call_runs_once_and_is_reused(
 
 def _runs(ledger: Path) -> list[str]:
     return ledger.read_text().splitlines() if ledger.exists() else []
+
+
+def test_the_client_sdk_runs_a_predicted_tool_once_and_reuses_it(
+    model_name: str, cluster: Endpoints, cluster_config: ToolserveConfig
+) -> None:
+    assert cluster_config.draft is not None
+    runs: list[str] = []
+
+    def get_weather(city: str) -> str:
+        runs.append(city)
+        time.sleep(0.5)
+        return f"Sunny in {city}"
+
+    async def scenario() -> tuple[SpeculativeTurn, SpeculativeToolClient]:
+        async with AsyncOpenAI(base_url=cluster.api_base, api_key="test", max_retries=0) as api:
+            sdk = SpeculativeToolClient(
+                api,
+                tools={"get_weather": get_weather},
+                side_effect_free={"get_weather"},
+                draft_model=cluster_config.draft.engine.served_model_name,
+            )
+            turn = await sdk.create(
+                model=model_name,
+                messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+                tools=[WEATHER_TOOL],
+                tool_choice="required",
+                temperature=0,
+                max_tokens=48,
+                extra_headers={"X-Session-ID": f"sdk-{uuid.uuid4().hex[:6]}"},
+            )
+            await asyncio.sleep(1.0)  # let the speculative result's post finish
+            return turn, sdk
+
+    turn, sdk = asyncio.run(scenario())
+    assert sdk.stats.issued == 1, "the draft (greedy, same weights) predicts the call"
+    assert len(runs) == 1, "the predicted call ran once"
+    if turn.tool_results:
+        (result,) = turn.tool_results
+        assert result.speculative and result.output == f"Sunny in {runs[0]}"
+        assert sdk.stats.used == 1
+    else:
+        assert turn.executed_messages[1]["content"] == f"Sunny in {runs[0]}", (
+            "the posted speculative output answered the call in the server"
+        )
+    roles = [message["role"] for message in turn.history_messages()]
+    assert roles in (["assistant", "tool"], ["assistant", "tool", "assistant"])
