@@ -21,6 +21,7 @@ from toolworkers.predictor import (
     TransitionPredictor,
     answers_last_call,
     calls_in_history,
+    latest_user_text,
 )
 from toolworkers.speculation import (
     SpeculationPolicy,
@@ -90,9 +91,10 @@ class Speculator:
         messages = body.get("messages") or []
         history = calls_in_history(messages)
         agent = shared_prefix_key(body, 0) or ""
+        user_text = latest_user_text(messages)
         if history and answers_last_call(messages):
             previous = history[-2] if len(history) > 1 else None
-            self._predictor.observe(agent, previous, history[-1])
+            self._predictor.observe(agent, previous, history[-1], user_text)
         declared = declared_hosted_tools(
             body.get("tools") or [], self._executor.registry.openai_schemas()
         )
@@ -101,7 +103,7 @@ class Speculator:
         turn = SpeculationTurn()
         last_call = history[-1] if history else None
         turn.task = asyncio.create_task(
-            self._speculate(body, agent, last_call, declared, program_id, tenant, turn)
+            self._speculate(body, agent, last_call, user_text, declared, program_id, tenant, turn)
         )
         return turn
 
@@ -110,13 +112,16 @@ class Speculator:
         body: dict[str, Any],
         agent: str,
         last_call: ObservedCall | None,
+        user_text: str,
         declared: set[str],
         program_id: str,
         tenant: str,
         turn: SpeculationTurn,
     ) -> None:
         if self._config.learned:
-            learned = self._predictor.predict(agent, last_call, self._config.learned_predictions)
+            learned = self._predictor.predict(
+                agent, last_call, self._config.learned_predictions, user_text
+            )
             self._launch(self._policy.choose(learned, declared), program_id, tenant, turn)
         if self._draft is None or self._draft_model is None:
             return

@@ -4,15 +4,17 @@ Agents of one kind (same instructions and tools) repeat their workflow: after
 `list_files` comes `read_file`, after `search` comes `open` on what was found.
 Per agent kind the predictor counts which tool follows which (the first call of
 a conversation follows START) and, per such transition, where each argument's
-value came from: a constant the agent always passes, or the same value as an
-argument of the previous call. A prediction is made only when the next tool
-and every argument have been seen often enough, with a confidence that is the
-product of those frequencies.
+value came from: a constant the agent always passes, the same value as an
+argument of the previous call, or a word of the latest user message shaped
+like the values seen before (`INC-2041` has the shape `A-9`). A prediction is
+made only when the next tool and every argument have been seen often enough,
+with a confidence that is the product of those frequencies.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +63,28 @@ def answers_last_call(messages: list[Any]) -> bool:
     return bool(messages) and isinstance(messages[-1], dict) and messages[-1].get("role") == "tool"
 
 
+_WORD = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_./:\-]*[A-Za-z0-9])?")
+
+
+def shape_of(text: str) -> str:
+    """Letters, digits and case folded to a pattern: `INC-2041` -> `A-9`."""
+    text = re.sub(r"[0-9]+", "9", text)
+    text = re.sub(r"[A-Z]+", "A", text)
+    return re.sub(r"[a-z]+", "a", text)
+
+
+def latest_user_text(messages: list[Any]) -> str:
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, str):
+                return content
+            if isinstance(content, list):
+                return " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+            return ""
+    return ""
+
+
 def _value_key(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
@@ -96,7 +120,9 @@ class TransitionPredictor:
         self._max_tools = max_tools_per_agent
         self._agents: OrderedDict[str, dict[str, _Context]] = OrderedDict()
 
-    def observe(self, agent: str, previous: ObservedCall | None, call: ObservedCall) -> None:
+    def observe(
+        self, agent: str, previous: ObservedCall | None, call: ObservedCall, user_text: str = ""
+    ) -> None:
         contexts = self._agents.get(agent)
         if contexts is None:
             contexts = self._agents[agent] = {}
@@ -115,12 +141,16 @@ class TransitionPredictor:
         for name, value in call.arguments.items():
             transition.argument_counts[name] += 1
             sources = transition.sources.setdefault(name, Counter())
-            for source in self._sources_of(value, previous):
+            for source in self._sources_of(value, previous, user_text):
                 sources[source] += 1
 
     @staticmethod
-    def _sources_of(value: Any, previous: ObservedCall | None) -> list[tuple[str, str]]:
+    def _sources_of(
+        value: Any, previous: ObservedCall | None, user_text: str
+    ) -> list[tuple[str, str]]:
         sources = [("constant", _value_key(value))]
+        if isinstance(value, str) and value in _WORD.findall(user_text):
+            sources.append(("user", shape_of(value)))
         if previous is not None:
             sources += [
                 ("copy", name)
@@ -130,7 +160,7 @@ class TransitionPredictor:
         return sources
 
     def predict(
-        self, agent: str, previous: ObservedCall | None, limit: int = 1
+        self, agent: str, previous: ObservedCall | None, limit: int = 1, user_text: str = ""
     ) -> list[PredictedCall]:
         """The likeliest next calls with fully determined arguments, most confident first."""
         contexts = self._agents.get(agent)
@@ -146,7 +176,9 @@ class TransitionPredictor:
             for argument, seen in transition.argument_counts.items():
                 if seen * 2 < transition.count:
                     continue  # an optional argument the agent mostly leaves out
-                found, value, support = self._best_source(transition.sources[argument], previous)
+                found, value, support = self._best_source(
+                    transition.sources[argument], previous, user_text
+                )
                 if not found:
                     confidence = 0.0
                     break
@@ -159,15 +191,19 @@ class TransitionPredictor:
 
     @staticmethod
     def _best_source(
-        sources: Counter[tuple[str, str]], previous: ObservedCall | None
+        sources: Counter[tuple[str, str]], previous: ObservedCall | None, user_text: str
     ) -> tuple[bool, Any, int]:
-        """The value the most frequent usable source gives (a copy of the previous
-        call's argument over an equally frequent constant: it generalizes), and
-        that source's count; (False, None, 0) when no source is usable."""
-        ranked = sorted(sources.items(), key=lambda item: (-item[1], item[0][0] != "copy"))
+        """The value the most frequent usable source gives (on a tie, a copy or a
+        user word over a constant: they generalize), and that source's count;
+        (False, None, 0) when no source is usable."""
+        ranked = sorted(sources.items(), key=lambda item: (-item[1], item[0][0] == "constant"))
         for (kind, detail), count in ranked:
             if kind == "constant":
                 return True, json.loads(detail), count
-            if previous is not None and detail in previous.arguments:
+            if kind == "copy" and previous is not None and detail in previous.arguments:
                 return True, previous.arguments[detail], count
+            if kind == "user":
+                words = [word for word in _WORD.findall(user_text) if shape_of(word) == detail]
+                if words:
+                    return True, words[0], count
         return False, None, 0

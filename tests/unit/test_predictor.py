@@ -9,6 +9,8 @@ from toolworkers.predictor import (
     TransitionPredictor,
     answers_last_call,
     calls_in_history,
+    latest_user_text,
+    shape_of,
 )
 
 
@@ -91,3 +93,28 @@ def test_memory_is_bounded_by_agent_kinds() -> None:
         predictor.observe(agent, None, _call("t"))
     assert predictor.predict("a", None) == []
     assert [p.name for p in predictor.predict("c", None)] == ["t"]
+
+
+def test_arguments_are_taken_from_the_user_message_by_shape() -> None:
+    predictor = TransitionPredictor(min_support=2, min_confidence=0.5)
+    for key in ("INC-1001", "INC-2002", "INC-3003"):
+        user = f"Please check {key} and summarize it."
+        predictor.observe("records", None, _call("lookup_record", key=key), user)
+    (prediction,) = predictor.predict(
+        "records", None, user_text="Summarize INC-4242 for me, 2 lines."
+    )
+    assert prediction.arguments == {"key": "INC-4242"}
+    assert predictor.predict("records", None, user_text="Summarize the latest incident.") == []
+
+
+def test_shapes_and_user_text() -> None:
+    assert shape_of("INC-2041") == "A-9"
+    assert shape_of("src/app.py") == "a/a.a"
+    messages = [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [{"type": "text", "text": "second"}]},
+        {"role": "tool", "tool_call_id": "1", "content": "x"},
+    ]
+    assert latest_user_text(messages) == "second"
+    assert latest_user_text([]) == ""
