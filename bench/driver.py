@@ -4,15 +4,17 @@ and records every request and every program."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from openai import APIError, AsyncOpenAI
 from tqdm import tqdm
 
-from bench.workloads.program import AgentProgram, Reply, ToolCall, TurnRequest
+from bench.workloads.program import AgentProgram, Reply, ToolCall, ToolOutcome, TurnRequest
+from toolworkers.client import SpeculativeToolClient
 
 _REQUEST_TIMEOUT_S = 900.0
 
@@ -84,14 +86,34 @@ def reply_from_completion(completion: Any) -> Reply:
         prompt_tokens=usage.prompt_tokens if usage else 0,
         cached_tokens=getattr(details, "cached_tokens", None) if details else None,
         completion_tokens=usage.completion_tokens if usage else 0,
+        executed_messages=tuple(
+            ((completion.model_extra or {}).get("toolserve") or {}).get("executed_messages") or ()
+        ),
     )
 
 
-class Driver:
-    """Sends the agents' requests; `X-Session-ID` carries the program id."""
+def _tool_function(program: AgentProgram, name: str) -> Callable[..., str]:
+    def run(**arguments: Any) -> str:
+        return program.execute(ToolCall("speculative", name, json.dumps(arguments))).content
 
-    def __init__(self, base_url: str, model: str, system: str, repeat: int):
+    return run
+
+
+class Driver:
+    """Sends the agents' requests; `X-Session-ID` carries the program id. With a
+    `draft_model`, the client speculates tool calls itself (toolserve's client
+    SDK, `toolworkers/client.py`)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        system: str,
+        repeat: int,
+        draft_model: str | None = None,
+    ):
         self._model = model
+        self._draft_model = draft_model
         self._system = system
         self._repeat = repeat
         self._client = AsyncOpenAI(
@@ -104,7 +126,10 @@ class Driver:
     async def close(self) -> None:
         await self._client.close()
 
-    async def complete(self, program: AgentProgram, request: TurnRequest, session_id: str) -> Reply:
+    async def complete(
+        self, program: AgentProgram, request: TurnRequest, session_id: str
+    ) -> tuple[Reply, dict[str, ToolOutcome]]:
+        """The reply, and the outcomes of its calls the client already ran."""
         arguments: dict[str, Any] = {
             "model": self._model,
             "messages": program.messages,
@@ -115,7 +140,25 @@ class Driver:
         if program.tools:
             arguments["tools"] = program.tools
             arguments["tool_choice"] = request.tool_choice
-        return reply_from_completion(await self._client.chat.completions.create(**arguments))
+        if request.structured_outputs is not None:
+            arguments["extra_body"] = {"structured_outputs": request.structured_outputs}
+        speculable = program.side_effect_free_tools()
+        if self._draft_model is None or not speculable:
+            completion = await self._client.chat.completions.create(**arguments)
+            return reply_from_completion(completion), {}
+        sdk = SpeculativeToolClient(
+            self._client,
+            tools={name: _tool_function(program, name) for name in speculable},
+            side_effect_free=speculable,
+            draft_model=self._draft_model,
+            post_outputs=False,
+        )
+        turn = await sdk.create(**arguments)
+        ready = {
+            result.call_id: ToolOutcome(result.output, usable=not result.output.startswith("error"))
+            for result in turn.tool_results
+        }
+        return reply_from_completion(turn.completion), ready
 
     async def warm_up(self) -> None:
         """One small request outside the measurement (first-request imports, caches)."""
@@ -140,13 +183,13 @@ class Driver:
         while (request := program.next_request()) is not None:
             sent = time.monotonic()
             try:
-                reply = await self.complete(program, request, session_id)
+                reply, ready = await self.complete(program, request, session_id)
             except APIError as failure:
                 error = f"{type(failure).__name__}: {failure}"[:500]
                 requests.append(self._record(program, sent, started, None, None, error))
                 break
             latency = time.monotonic() - sent
-            tool_round = await program.act(request, reply)
+            tool_round = await program.act(request, reply, ready)
             tool_time += tool_round.latency_s
             calls += tool_round.calls
             unusable += tool_round.unusable_calls
@@ -205,8 +248,9 @@ async def run_workload(
     system: str,
     repeat: int,
     show_progress: bool = True,
+    draft_model: str | None = None,
 ) -> RunResult:
-    driver = Driver(base_url, model, system, repeat)
+    driver = Driver(base_url, model, system, repeat, draft_model)
     requests: list[RequestRecord] = []
     try:
         await driver.warm_up()

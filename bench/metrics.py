@@ -190,6 +190,8 @@ def time_saved_by_tool_latency(
 REPORTED_RATES: dict[str, tuple[str, str]] = {
     "engine_prefix_hit_rate": ("prefix_cache_hits", "prefix_cache_queries"),
     "pinned_kv_reuse_rate": ("kv_pin_hits", "kv_returning_turns"),
+    "tool_cache_hit_rate": ("tool_cache_hits", "tool_cache_lookups"),
+    "speculation_acceptance_rate": ("speculations_used", "speculations_issued"),
 }
 RATE_NAMES = (
     "engine_prefix_hit_rate",

@@ -151,6 +151,29 @@ def _memory_pressure(summary: dict[str, Any]) -> list[str]:
     ]
 
 
+def _time_saved_by_agent_type(summary: dict[str, Any]) -> list[str]:
+    table = summary.get("time_saved_by_agent_type_pct")
+    if not table or not table["systems"]:
+        return []
+    kinds = sorted({kind for row in table["systems"].values() for kind in row})
+    lines = [
+        f"## Time saved against {table['reference']}, by agent kind",
+        "",
+        "| system | " + " | ".join(kinds) + " |",
+        "|---|" + "---|" * len(kinds),
+    ]
+    for name, row in table["systems"].items():
+        cells = " | ".join(_format(row.get(kind), "%", 1) for kind in kinds)
+        lines.append(f"| {name} | {cells} |")
+    return [
+        *lines,
+        "",
+        "Percent of the reference system's total job time saved over the programs of "
+        "each kind both completed (negative: slower).",
+        "",
+    ]
+
+
 def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
     settings = summary["settings"]
     lines = [
@@ -222,6 +245,7 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         "that were malformed, named an unknown tool, had arguments the tool rejected, "
         "or did not come where one was required.",
         "",
+        *_time_saved_by_agent_type(summary),
         "## Plots",
         "",
         f"![JCT CDF]({PLOTS['jct_cdf']})",

@@ -22,6 +22,7 @@ from bench.metrics import (
     ratio,
     reported_rates,
     system_figures,
+    time_saved_pct,
 )
 from bench.report import write_markdown, write_plots, write_summary
 from bench.systems import (
@@ -87,7 +88,7 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
     unknown = [name for name in options.systems if name not in catalog]
     if unknown:
         raise ValueError(f"unknown systems {unknown}; known: {', '.join(catalog)}")
-    raw_config = _raw_config(options)
+    raw_config = with_overrides(_raw_config(options), plan.toolserve_overrides)
     config = ToolserveConfig.model_validate(raw_config)
     kv_cache_mib = options.kv_cache_mib or plan.kv_cache_mib
     settings = engine_settings(config, kv_cache_mib * 2**20, plan.max_model_len)
@@ -115,7 +116,9 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
             ]:
                 records.write(json.dumps(line) + "\n")
 
-    summary = summarize(options, plan.description, settings, kv_cache_mib, order, runs)
+    summary = summarize(
+        options, plan.description, settings, kv_cache_mib, order, runs, plan.reference_system
+    )
     write_summary(run_dir, summary)
     all_programs = [p for runs_of in runs.values() for p in runs_of.programs]
     all_requests = [r for runs_of in runs.values() for r in runs_of.requests]
@@ -158,6 +161,7 @@ def _run_system(
         process.wait_ready(endpoint.base_url, settings.served_model_name, _READY_TIMEOUT_S)
         startup = time.monotonic() - started
         log(f"bench: {name} ready in {startup:.0f}s; running {options.workload}")
+        draft = (raw_config.get("draft") or {}).get("engine", {}).get("served_model_name")
         result = asyncio.run(
             run_workload(
                 build(options.seed),
@@ -166,6 +170,7 @@ def _run_system(
                 name,
                 repeat,
                 options.show_progress,
+                draft_model=draft if spec.client_speculation else None,
             )
         )
         time.sleep(_METRICS_SETTLE_S)
@@ -206,6 +211,7 @@ def summarize(
     kv_cache_mib: int,
     order: list[str],
     runs: dict[str, SystemRuns],
+    reference_system: str | None = None,
 ) -> dict[str, Any]:
     baseline = runs.get(BASELINE)
     baseline_jct = mean_jct_by_program(baseline.programs) if baseline else None
@@ -263,7 +269,31 @@ def summarize(
         },
         "systems": systems,
         "ratios_vs_stock_vllm": ratios,
+        **_time_saved_by_agent_type(runs, reference_system),
     }
+
+
+def _time_saved_by_agent_type(
+    runs: dict[str, SystemRuns], reference_system: str | None
+) -> dict[str, Any]:
+    """Per agent kind, each system's percent of the reference system's job time
+    saved (the speculation workload's kinds differ by tool latency)."""
+    reference = runs.get(reference_system) if reference_system else None
+    if reference is None or not reference.programs:
+        return {}
+    kinds = sorted({program.agent_type for program in reference.programs})
+    table: dict[str, dict[str, float | None]] = {}
+    for name, system_runs in runs.items():
+        if name == reference_system or not system_runs.programs:
+            continue
+        table[name] = {
+            kind: time_saved_pct(
+                mean_jct_by_program(p for p in system_runs.programs if p.agent_type == kind),
+                mean_jct_by_program(p for p in reference.programs if p.agent_type == kind),
+            )
+            for kind in kinds
+        }
+    return {"time_saved_by_agent_type_pct": {"reference": reference_system, "systems": table}}
 
 
 def default_run_name(workload: str, size: str) -> str:

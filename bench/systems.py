@@ -5,6 +5,8 @@ on the same model, KV budget and CPU binding, and stopped before the next one.
 - `stock-ray-serve-llm`: Ray Serve LLM's `build_openai_app`, default router.
 - `toolserve`: this project with everything on; `toolserve-no-<mechanism>`
   ablations switch one mechanism off through configuration overrides.
+- Speculation variants (`SPECULATION_VARIANTS`): toolserve with its tool
+  mechanisms in turn, one of them with the client speculating itself.
 """
 
 from __future__ import annotations
@@ -41,6 +43,23 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 ROUTER_VARIANTS: dict[str, dict[str, Any]] = {
     "toolserve-pow2-router": {"routing.policy": "power_of_two"},
     "toolserve-hash-router": {"routing.policy": "consistent_hash"},
+}
+
+
+# toolserve's tool mechanisms one at a time, against the same prompts:
+# name -> (overrides, whether the client speculates itself with the client SDK).
+SPECULATION_VARIANTS: dict[str, tuple[dict[str, Any], bool]] = {
+    "toolserve-no-speculation": (
+        {"tools.speculation.enabled": False, "tools.continuation.enabled": False},
+        False,
+    ),
+    "toolserve-client-speculation": (
+        {"tools.speculation.enabled": False, "tools.continuation.enabled": False},
+        True,
+    ),
+    "toolserve-continuation-only": ({"tools.speculation.enabled": False}, False),
+    "toolserve-engine-draft": ({"tools.speculation.learned": False}, False),
+    "toolserve-engine-learned": ({"tools.speculation.draft_predictions": 0}, False),
 }
 
 
@@ -221,6 +240,7 @@ class SystemSpec:
     name: str
     kind: str
     overrides: dict[str, Any]
+    client_speculation: bool = False
 
     def launch(
         self, settings: EngineSettings, base_config: dict[str, Any], workdir: Path, tag: str
@@ -306,6 +326,8 @@ def system_catalog() -> dict[str, SystemSpec]:
         catalog[name] = SystemSpec(name, "toolserve", overrides)
     for name, overrides in ROUTER_VARIANTS.items():
         catalog[name] = SystemSpec(name, "toolserve", overrides)
+    for name, (overrides, client_speculation) in SPECULATION_VARIANTS.items():
+        catalog[name] = SystemSpec(name, "toolserve", overrides, client_speculation)
     return catalog
 
 

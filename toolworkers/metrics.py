@@ -28,9 +28,14 @@ class ToolMetrics:
 
         self._lookups = Counter(
             "toolserve_tool_cache_lookups",
-            description="Cacheable hosted calls: served from the global tool cache (hit, "
-            "including calls awaited while another requester ran them) or run (miss).",
-            tag_keys=("tool", "result"),
+            description="Cacheable hosted calls looked up in the global tool cache.",
+            tag_keys=("tool",),
+        )
+        self._hits = Counter(
+            "toolserve_tool_cache_hits",
+            description="Lookups served from the cache, including calls awaited while "
+            "another requester ran them.",
+            tag_keys=("tool",),
         )
         self._latency = Histogram(
             "toolserve_tool_latency_s",
@@ -50,8 +55,9 @@ class ToolMetrics:
         if outcome.source in (ResultSource.RAN, ResultSource.UNCACHED):
             self._latency.observe(outcome.result.duration_s, tags={"tool": tool})
         if outcome.source is not ResultSource.UNCACHED:
-            result = "miss" if outcome.source is ResultSource.RAN else "hit"
-            self._lookups.inc(tags={"tool": tool, "result": result})
+            self._lookups.inc(tags={"tool": tool})
+        if outcome.source in (ResultSource.CACHED, ResultSource.AWAITED):
+            self._hits.inc(tags={"tool": tool})
         saved = time_saved_s(outcome, requester_origin)
         if saved is not None:
             self._saved.observe(saved, tags={"tool": tool, "origin": outcome.origin})

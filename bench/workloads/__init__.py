@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from bench.workloads.bfcl import BfclConfig, generate_bfcl
 from bench.workloads.codegen import CodegenConfig, generate_codegen
 from bench.workloads.distributions import Distribution
 from bench.workloads.program import AgentProgram
+from bench.workloads.speculation import (
+    SpeculationConfig,
+    generate_speculation,
+    hosted_records_tools,
+)
 from bench.workloads.trace import (
     BFCL_V4_PROFILE,
     SWE_BENCH_PROFILE,
@@ -32,6 +37,10 @@ class WorkloadPlan:
     build: Callable[[int], Sequence[AgentProgram]]
     kv_cache_mib: int
     max_model_len: int
+    toolserve_overrides: dict[str, Any] = field(default_factory=dict)
+    """Configuration toolserve systems need for this workload (hosted tools)."""
+    reference_system: str | None = None
+    """The system per-agent-kind time saved is measured against, when it ran."""
 
 
 def _quick_profile_turns(mean: float) -> Distribution:
@@ -126,12 +135,36 @@ def _codegen(size: Size) -> WorkloadPlan:
     )
 
 
+def _speculation(size: Size) -> WorkloadPlan:
+    config = (
+        SpeculationConfig(latencies_s=(0.1, 1.0), programs_per_latency=2, arrival_gap_s=6.0)
+        if size == "quick"
+        else SpeculationConfig()
+    )
+    programs = config.programs_per_latency * len(config.latencies_s)
+    return WorkloadPlan(
+        name="speculation",
+        size=size,
+        description=(
+            f"{programs} records tasks (plan sentence, records lookup, answer), one every "
+            f"{config.arrival_gap_s:g}s, records-service latency "
+            + ", ".join(f"{latency:g}s" for latency in config.latencies_s)
+        ),
+        build=lambda seed: generate_speculation(config, seed),
+        kv_cache_mib=128,
+        max_model_len=2048,
+        toolserve_overrides={"tools.hosted": hosted_records_tools(config.latencies_s)},
+        reference_system="toolserve-no-speculation",
+    )
+
+
 WORKLOADS: dict[str, Callable[[Size], WorkloadPlan]] = {
     "many-agent": _many_agent,
     "bugfix-6": lambda size: _workflow("bugfix-6", size),
     "coding-35": lambda size: _workflow("coding-35", size),
     "bfcl": _bfcl,
     "codegen": _codegen,
+    "speculation": _speculation,
 }
 
 

@@ -36,6 +36,7 @@ class TurnRequest:
 
     tool_choice: ToolChoice
     max_tokens: int
+    structured_outputs: dict[str, Any] | None = None
 
     @property
     def expects_tool_call(self) -> bool:
@@ -67,6 +68,9 @@ class Reply:
     prompt_tokens: int
     cached_tokens: int | None
     completion_tokens: int
+    executed_messages: tuple[dict[str, Any], ...] = ()
+    """Tool calls the server ran and their results (engine-side continuation),
+    to go into the conversation before the reply's own message."""
 
     def assistant_message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": self.content or ""}
@@ -125,6 +129,10 @@ class AgentProgram(ABC):
         """Extra wall-clock time the tools of this turn take (an API, a test run):
         drawn from the workload's distribution, so every system sees the same."""
 
+    def side_effect_free_tools(self) -> set[str]:
+        """Tools a client may run before the model asks (client-side speculation)."""
+        return set()
+
     def missing_call_message(self, request: TurnRequest) -> dict[str, Any] | None:
         """What the agent says when a required call did not come; None: say nothing."""
         return {
@@ -132,12 +140,20 @@ class AgentProgram(ABC):
             "content": "You did not call a tool. Call exactly one tool next.",
         }
 
-    async def act(self, request: TurnRequest, reply: Reply) -> ToolRound:
-        """Record the reply, run the tools it asked for, append their results."""
+    async def act(
+        self, request: TurnRequest, reply: Reply, ready: dict[str, ToolOutcome] | None = None
+    ) -> ToolRound:
+        """Record the reply, run the tools it asked for, append their results.
+        `ready`: outcomes by call id the client already has (speculated calls)."""
         turn_index = self.turns_sent - 1
+        self.messages += reply.executed_messages
         self.messages.append(reply.assistant_message())
         started = time.monotonic()
-        outcomes = [await asyncio.to_thread(self.execute, call) for call in reply.tool_calls]
+        ready = ready or {}
+        outcomes = [
+            ready[call.id] if call.id in ready else await asyncio.to_thread(self.execute, call)
+            for call in reply.tool_calls
+        ]
         for call, outcome in zip(reply.tool_calls, outcomes, strict=True):
             self.messages.append(
                 {"role": "tool", "tool_call_id": call.id, "content": outcome.content}

@@ -344,3 +344,58 @@ def test_summary_report_and_plots(tmp_path: Path) -> None:
     write_plots(tmp_path, list(runs), programs, requests)
     for name in PLOTS.values():
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
+
+
+def test_time_saved_is_reported_per_agent_kind_against_the_reference(tmp_path: Path) -> None:
+    def program(system: str, program_id: str, kind: str, jct: float) -> ProgramRecord:
+        return replace(_program(system, program_id, jct), agent_type=kind)
+
+    runs = {
+        "toolserve-no-speculation": SystemRuns(
+            programs=[
+                program("r", "a", "records-0.1s", 10.0),
+                program("r", "b", "records-3s", 20.0),
+            ],
+            requests=[_request("r", 0, 1.0)],
+            wall_s=10.0,
+        ),
+        "toolserve": SystemRuns(
+            programs=[
+                program("t", "a", "records-0.1s", 9.0),
+                program("t", "b", "records-3s", 15.0),
+            ],
+            requests=[_request("t", 0, 1.0)],
+            wall_s=10.0,
+        ),
+    }
+    options = BenchOptions(
+        workload="speculation",
+        size="quick",
+        systems=list(runs),
+        seed=0,
+        repeats=1,
+        config_path=None,
+        output_dir=tmp_path,
+        run_name="run",
+        command="toolserve bench --workload speculation --quick",
+    )
+    summary = summarize(
+        options, "records", _settings(), 128, list(runs), runs, "toolserve-no-speculation"
+    )
+    table = summary["time_saved_by_agent_type_pct"]
+    assert table["reference"] == "toolserve-no-speculation"
+    assert table["systems"]["toolserve"] == {
+        "records-0.1s": pytest.approx(10.0),
+        "records-3s": pytest.approx(25.0),
+    }
+    report = write_markdown(tmp_path, summary).read_text()
+    assert "## Time saved against toolserve-no-speculation, by agent kind" in report
+    assert "| toolserve | 10.0% | 25.0% |" in report
+    assert "time_saved_by_agent_type_pct" not in summarize(options, "x", _settings(), 128, [], {})
+
+
+def test_speculation_variants_are_toolserve_systems() -> None:
+    catalog = system_catalog()
+    assert catalog["toolserve-client-speculation"].client_speculation
+    assert not catalog["toolserve-engine-learned"].client_speculation
+    assert catalog["toolserve-no-speculation"].overrides["tools.continuation.enabled"] is False

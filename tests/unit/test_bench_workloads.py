@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from bench.tools import record_text
 from bench.workloads import SIZES, WORKLOADS, plan_workload
 from bench.workloads.bfcl import (
     BfclConfig,
@@ -25,7 +26,8 @@ from bench.workloads.bfcl import (
 )
 from bench.workloads.codegen import CodegenConfig, generate_codegen, run_python
 from bench.workloads.distributions import Distribution, poisson_arrivals
-from bench.workloads.program import Reply, ToolCall
+from bench.workloads.program import Reply, ToolCall, ToolOutcome
+from bench.workloads.speculation import RecordsProgram, SpeculationConfig, generate_speculation
 from bench.workloads.trace import (
     BFCL_V4_PROFILE,
     SWE_BENCH_PROFILE,
@@ -39,6 +41,8 @@ from bench.workloads.workflows import (
     WorkflowConfig,
     generate_workflows,
 )
+from cluster.config import ToolsConfig
+from toolworkers.registry import ToolRegistry
 
 ZERO_LATENCY = Distribution(kind="constant", mean=0.0)
 
@@ -375,3 +379,79 @@ def test_every_conversation_fits_the_planned_context(
         )
         longest = max(longest, len(tokenizer(rendered)["input_ids"]) + largest_cap)
     assert 0 < longest <= plan.max_model_len, (longest, plan.max_model_len)
+
+
+# --- speculation ---------------------------------------------------------------
+
+
+def _records_program(latency_s: float = 0.01) -> RecordsProgram:
+    config = SpeculationConfig(latencies_s=(latency_s,), programs_per_latency=1)
+    (program,) = generate_speculation(config, 3)
+    return program
+
+
+def test_records_programs_declare_the_hosted_schema_of_their_latency() -> None:
+    plan = plan_workload("speculation", "default")
+    hosted = ToolRegistry.from_config(
+        ToolsConfig.model_validate({"hosted": plan.toolserve_overrides["tools.hosted"]})
+    ).openai_schemas()
+    programs = plan.build(0)
+    assert len(programs) == 24
+    assert {program.agent_type for program in programs} == {
+        "records-0.1s",
+        "records-0.5s",
+        "records-1s",
+        "records-3s",
+    }
+    for program in programs:
+        (tool,) = program.tools
+        assert tool in hosted, "the server runs it only when declared with its own schema"
+    assert plan.reference_system == "toolserve-no-speculation"
+
+
+def test_a_records_task_the_server_answered_ends_after_one_request() -> None:
+    program = _records_program()
+    request = program.next_request()
+    assert request is not None and request.tool_choice == "auto"
+    assert request.structured_outputs is not None
+    assert program.tools[0]["function"]["name"] in request.structured_outputs["regex"]
+    executed = (
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "s1"}]},
+        {"role": "tool", "tool_call_id": "s1", "content": "record"},
+    )
+    reply = replace(_reply(content="It is open."), executed_messages=executed)
+    asyncio.run(program.act(request, reply))
+    assert program.messages[-3:-1] == list(executed)
+    assert program.next_request() is None
+
+
+def test_a_records_task_handed_the_call_runs_it_then_answers_within_budget() -> None:
+    program = _records_program()
+    first = program.next_request()
+    assert first is not None
+    name = program.tools[0]["function"]["name"]
+    call = ToolCall("c1", name, '{"key": "INC-2041"}')
+    round_ = asyncio.run(program.act(first, _reply(call)))
+    assert round_.calls == 1 and round_.unusable_calls == 0
+    assert program.messages[-1] == {
+        "role": "tool",
+        "tool_call_id": "c1",
+        "content": record_text("INC-2041"),
+    }
+    second = program.next_request()
+    assert second is not None
+    assert second.tool_choice == "none" and second.structured_outputs is None
+    assert second.max_tokens == first.max_tokens - 20
+    asyncio.run(program.act(second, _reply(content="Done.")))
+    assert program.next_request() is None
+
+
+def test_a_records_task_reuses_outcomes_the_client_already_has() -> None:
+    program = _records_program(latency_s=30.0)
+    request = program.next_request()
+    assert request is not None
+    call = ToolCall("c1", program.tools[0]["function"]["name"], '{"key": "INC-1"}')
+    ready = {"c1": ToolOutcome("speculated", usable=True)}
+    round_ = asyncio.run(program.act(request, _reply(call), ready))
+    assert round_.latency_s < 5, "the 30 s lookup did not run again"
+    assert program.messages[-1]["content"] == "speculated"

@@ -1,0 +1,172 @@
+"""The speculative-tool-calls workload: records agents that explain their plan
+in one sentence, call a slow records service, then answer. The service's
+latency is set per agent kind (0.1 s to 3 s) so tool time can be set against
+the model's generation time.
+
+Each program is one task: a ticket key in the user message, a first request
+whose output is held to "plan sentence, then the lookup call" (a structured
+output, since the 135M model rarely calls tools of its own accord), the tool,
+and a final answer. The records tools are hosted by toolserve with the same
+schema the program declares, so a server that runs them itself continues the
+turn in one request (engine-side); a server that does not hands the call back
+and the program runs it, sleeping the same latency.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from bench.tools import record_text
+from bench.workloads.program import (
+    AgentProgram,
+    Reply,
+    ToolCall,
+    ToolOutcome,
+    ToolRound,
+    TurnRequest,
+    checked_call,
+)
+from cluster.config import HostedToolConfig, ToolsConfig
+from toolworkers.registry import ToolRegistry
+
+TOOL_FUNCTION = "bench.tools:lookup_record"
+
+
+def plan_and_call_regex(tool_name: str) -> str:
+    """One plan sentence, then a call of `tool_name` with a ticket-shaped key, in
+    the chat template's `<tool_call>` format (read back by the hermes parser).
+    Tool names here are `[a-z0-9_]`, nothing to escape."""
+    return (
+        r"[A-Z][A-Za-z0-9 ,'\-]{15,150}\.\n<tool_call>\n"
+        r'\{"name": "' + tool_name + r'", "arguments": \{"key": "[A-Z]{2,4}-[0-9]{3,5}"\}\}'
+        r"\n</tool_call>"
+    )
+
+
+def records_tool_name(latency_s: float) -> str:
+    return f"lookup_record_{round(latency_s * 1000)}ms"
+
+
+def hosted_records_tools(latencies_s: tuple[float, ...]) -> list[dict[str, Any]]:
+    """`tools.hosted` entries for the records service at each latency."""
+    return [
+        {
+            "function": TOOL_FUNCTION,
+            "name": records_tool_name(latency),
+            "options": {"latency_s": latency},
+        }
+        for latency in latencies_s
+    ]
+
+
+def records_tool_schema(latency_s: float) -> dict[str, Any]:
+    """The tool's schema exactly as the server lists it in `GET /v1/tools`."""
+    entry = HostedToolConfig.model_validate(hosted_records_tools((latency_s,))[0])
+    (schema,) = ToolRegistry.from_config(ToolsConfig(hosted=[entry])).openai_schemas()
+    return schema
+
+
+class SpeculationConfig(BaseModel):
+    latencies_s: tuple[float, ...] = Field(
+        default=(0.1, 0.5, 1.0, 3.0), description="Records-service latency per agent kind."
+    )
+    programs_per_latency: int = Field(default=6, ge=1)
+    arrival_gap_s: float = Field(
+        default=8.0, gt=0, description="Seconds between program arrivals (a steady trickle)."
+    )
+    max_tokens: int = Field(
+        default=160, description="Budget of a task: plan and call, then the answer."
+    )
+
+
+class RecordsProgram(AgentProgram):
+    def __init__(
+        self,
+        program_id: str,
+        arrival_s: float,
+        latency_s: float,
+        ticket: str,
+        max_tokens: int,
+    ):
+        tool = records_tool_schema(latency_s)
+        super().__init__(
+            program_id=program_id,
+            agent_type=f"records-{latency_s:g}s",
+            arrival_s=arrival_s,
+            tools=[tool],
+            messages=[
+                {
+                    "role": "system",
+                    "content": "You are a support assistant. Records live in the records "
+                    f"service; look them up with {tool['function']['name']}.",
+                },
+                {
+                    "role": "user",
+                    "content": f"Ticket {ticket} needs attention. Say in one sentence what "
+                    "you will do, then look up its record.",
+                },
+            ],
+        )
+        self._latency_s = latency_s
+        self._tool_name = tool["function"]["name"]
+        self._max_tokens = max_tokens
+        self._spent_tokens = 0
+        self._answered = False
+
+    def next_request(self) -> TurnRequest | None:
+        if self._answered:
+            return None
+        self.turns_sent += 1
+        if self.turns_sent == 1:
+            return TurnRequest(
+                tool_choice="auto",
+                max_tokens=self._max_tokens,
+                structured_outputs={"regex": plan_and_call_regex(self._tool_name)},
+            )
+        return TurnRequest(tool_choice="none", max_tokens=self._remaining_tokens())
+
+    def _remaining_tokens(self) -> int:
+        return max(8, self._max_tokens - self._spent_tokens)
+
+    async def act(
+        self, request: TurnRequest, reply: Reply, ready: dict[str, ToolOutcome] | None = None
+    ) -> ToolRound:
+        # The task ends with the first reply that calls no tool.
+        self._spent_tokens += reply.completion_tokens
+        self._answered = not reply.tool_calls
+        return await super().act(request, reply, ready)
+
+    def side_effect_free_tools(self) -> set[str]:
+        return {self._tool_name}
+
+    def execute(self, call: ToolCall) -> ToolOutcome:
+        def lookup(arguments: dict[str, Any]) -> str:
+            time.sleep(self._latency_s)
+            return record_text(str(arguments["key"]))
+
+        return checked_call(call, self.tools, lookup)
+
+    def simulated_latency_s(self, turn_index: int) -> float:
+        return 0.0  # `execute` takes the service's latency itself
+
+
+def generate_speculation(config: SpeculationConfig, seed: int) -> list[RecordsProgram]:
+    rng = random.Random(seed)
+    programs = []
+    for index in range(config.programs_per_latency * len(config.latencies_s)):
+        latency = config.latencies_s[index % len(config.latencies_s)]
+        ticket = f"{rng.choice(('INC', 'REQ', 'BUG'))}-{rng.randrange(1000, 9999)}"
+        programs.append(
+            RecordsProgram(
+                program_id=f"records-{index:03d}",
+                arrival_s=index * config.arrival_gap_s,
+                latency_s=latency,
+                ticket=ticket,
+                max_tokens=config.max_tokens,
+            )
+        )
+    return programs
