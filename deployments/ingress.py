@@ -309,9 +309,9 @@ class OpenAIIngress:
         turn = TurnContext(tenant=tenant, execute_tools=options.execute_tools)
         to_draft = self._draft is not None and body.get("model") == self._draft_model
         speculation = (
-            self._speculator.start(body, program_id, tenant)
-            if options.execute_tools and not to_draft
-            else None
+            None
+            if to_draft
+            else self._speculator.start(body, program_id, tenant, launch=options.execute_tools)
         )
 
         try:

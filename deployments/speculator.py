@@ -1,7 +1,9 @@
 """Ingress side of speculative tool calls: for each chat turn that declares hosted
 tools, predict its calls (learned transitions at once, the draft model's λ
 samples when they arrive), start the chosen ones on the tool workers through
-the global tool cache, and settle them against the calls the turn made."""
+the global tool cache, and settle them against the calls the turn made, which
+also teach the learned predictor (calls the server ran and calls handed to the
+client alike)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,6 @@ from toolworkers.predictor import (
     ObservedCall,
     PredictedCall,
     TransitionPredictor,
-    answers_last_call,
     calls_in_history,
     latest_user_text,
 )
@@ -43,8 +44,12 @@ _DRAFT_TIMEOUT_S = 60.0
 
 @dataclass
 class SpeculationTurn:
-    """The speculations one turn issued, by call identity."""
+    """One turn: what it was predicted from, and the speculations it issued by
+    call identity."""
 
+    agent: str
+    user_text: str
+    last_call: ObservedCall | None
     issued: dict[str, PredictedCall] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
 
@@ -84,43 +89,43 @@ class Speculator:
             tag_keys=("source",),
         )
 
-    def start(self, body: dict[str, Any], program_id: str, tenant: str) -> SpeculationTurn | None:
-        """Learns from the turn's history, then starts speculating in the background."""
+    def start(
+        self, body: dict[str, Any], program_id: str, tenant: str, launch: bool
+    ) -> SpeculationTurn | None:
+        """A turn declaring hosted tools: predicts its calls and, with `launch`,
+        starts them in the background. Either way the turn is learned from
+        once settled."""
         if not self._config.enabled:
             return None
-        messages = body.get("messages") or []
-        history = calls_in_history(messages)
-        agent = shared_prefix_key(body, 0) or ""
-        user_text = latest_user_text(messages)
-        if history and answers_last_call(messages):
-            previous = history[-2] if len(history) > 1 else None
-            self._predictor.observe(agent, previous, history[-1], user_text)
         declared = declared_hosted_tools(
             body.get("tools") or [], self._executor.registry.openai_schemas()
         )
         if not declared:
             return None
-        turn = SpeculationTurn()
-        last_call = history[-1] if history else None
-        turn.task = asyncio.create_task(
-            self._speculate(body, agent, last_call, user_text, declared, program_id, tenant, turn)
+        messages = body.get("messages") or []
+        history = calls_in_history(messages)
+        turn = SpeculationTurn(
+            agent=shared_prefix_key(body, 0) or "",
+            user_text=latest_user_text(messages),
+            last_call=history[-1] if history else None,
         )
+        if launch:
+            turn.task = asyncio.create_task(
+                self._speculate(body, turn, declared, program_id, tenant)
+            )
         return turn
 
     async def _speculate(
         self,
         body: dict[str, Any],
-        agent: str,
-        last_call: ObservedCall | None,
-        user_text: str,
+        turn: SpeculationTurn,
         declared: set[str],
         program_id: str,
         tenant: str,
-        turn: SpeculationTurn,
     ) -> None:
         if self._config.learned:
             learned = self._predictor.predict(
-                agent, last_call, self._config.learned_predictions, user_text
+                turn.agent, turn.last_call, self._config.learned_predictions, turn.user_text
             )
             self._launch(self._policy.choose(learned, declared), program_id, tenant, turn)
         if self._draft is None or self._draft_model is None:
@@ -169,10 +174,14 @@ class Speculator:
             run.add_done_callback(self._running.discard)
 
     def settle(self, turn: SpeculationTurn, actual: list[ObservedCall]) -> None:
-        """Counts the turn's speculations used or wasted; a draft answer still
-        outstanding is too late to matter."""
+        """Learns the transitions the turn's calls made and counts its speculations
+        used or wasted; a draft answer still outstanding is too late to matter."""
         if turn.task is not None and not turn.task.done():
             turn.task.cancel()
+        previous = turn.last_call
+        for call in actual:
+            self._predictor.observe(turn.agent, previous, call, turn.user_text)
+            previous = call
         settlement = settle(list(turn.issued.values()), actual)
         for prediction in settlement.used:
             self._used.inc(tags={"source": prediction.source})

@@ -57,12 +57,6 @@ def calls_in_history(messages: list[Any]) -> list[ObservedCall]:
     return calls
 
 
-def answers_last_call(messages: list[Any]) -> bool:
-    """Does the conversation end with the results of its latest tool calls (so
-    that latest call is news to whoever reads this request)?"""
-    return bool(messages) and isinstance(messages[-1], dict) and messages[-1].get("role") == "tool"
-
-
 _WORD = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_./:\-]*[A-Za-z0-9])?")
 
 

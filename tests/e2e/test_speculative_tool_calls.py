@@ -76,22 +76,20 @@ def test_a_correctly_predicted_call_runs_once_and_is_reused(
             **extra,
         )
 
-    probe = turn(
-        agent,
-        f"probe-{uuid.uuid4().hex[:6]}",
-        tool_choice=LOOKUP_CHOICE,
-        extra_body={"toolserve": {"execute_tools": False}},
-    )
-    (call,) = probe.choices[0].message.tool_calls or []
-    key = json.loads(call.function.arguments)["key"]
-    made_call = {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [call.model_dump(exclude_none=True)],
-    }
-    result = {"role": "tool", "tool_call_id": call.id, "content": record_text(key)}
-    for _ in range(2):  # the agent kind's history teaches the learned predictor
-        turn([*agent, made_call, result], f"teach-{uuid.uuid4().hex[:6]}", tool_choice="none")
+    # Turns whose calls go back to the client teach the learned predictor too.
+    probes = [
+        turn(
+            agent,
+            f"probe-{uuid.uuid4().hex[:6]}",
+            tool_choice=LOOKUP_CHOICE,
+            extra_body={"toolserve": {"execute_tools": False}},
+        )
+        for _ in range(2)
+    ]
+    calls = [(probe.choices[0].message.tool_calls or [None])[0] for probe in probes]
+    assert calls[0] is not None and calls[1] is not None
+    assert calls[0].function.arguments == calls[1].function.arguments
+    key = json.loads(calls[0].function.arguments)["key"]
 
     runs_before = _runs(lookup_ledger).count(key)
     response = turn(agent, f"predicted-{uuid.uuid4().hex[:6]}", tool_choice=LOOKUP_CHOICE)

@@ -7,7 +7,6 @@ from typing import Any
 from toolworkers.predictor import (
     ObservedCall,
     TransitionPredictor,
-    answers_last_call,
     calls_in_history,
     latest_user_text,
     shape_of,
@@ -33,9 +32,6 @@ def test_calls_are_read_from_assistant_messages_in_order() -> None:
         {"role": "tool", "tool_call_id": "3", "content": "..."},
     ]
     assert calls_in_history(messages) == [_call("list_files", directory="."), _call("read_file")]
-    assert answers_last_call(messages)
-    assert not answers_last_call(messages[:1])
-    assert not answers_last_call([])
 
 
 def test_a_repeated_workflow_is_predicted_with_constant_and_copied_arguments() -> None:
