@@ -34,6 +34,10 @@ WEATHER_TOOL = {
         },
     },
 }
+PLAN_THEN_WEATHER_CALL = (
+    r"[A-Z][A-Za-z ,']{20,120}\.\n<tool_call>\n"
+    r'\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]+"\}\}\n</tool_call>'
+)
 LOOKUP_CHOICE = {"type": "function", "function": {"name": "lookup_record"}}
 
 
@@ -134,20 +138,30 @@ def test_the_client_sdk_runs_a_predicted_tool_once_and_reuses_it(
                 side_effect_free={"get_weather"},
                 draft_model=cluster_config.draft.engine.served_model_name,
             )
+            # The main model says its plan before calling (held to that shape, as
+            # the benchmark does); the draft is asked for the call alone, so its
+            # prediction is ready first although it is the same model.
             turn = await sdk.create(
                 model=model_name,
-                messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+                messages=[
+                    {
+                        "role": "user",
+                        "content": "What is the weather in Paris? Say what you will do, "
+                        "then call the tool.",
+                    }
+                ],
                 tools=[WEATHER_TOOL],
-                tool_choice="required",
+                tool_choice="auto",
                 temperature=0,
-                max_tokens=48,
+                max_tokens=96,
                 extra_headers={"X-Session-ID": f"sdk-{uuid.uuid4().hex[:6]}"},
+                extra_body={"structured_outputs": {"regex": PLAN_THEN_WEATHER_CALL}},
             )
             await asyncio.sleep(1.0)  # let the speculative result's post finish
             return turn, sdk
 
     turn, sdk = asyncio.run(scenario())
-    assert sdk.stats.issued == 1, "the draft (greedy, same weights) predicts the call"
+    assert sdk.stats.issued == 1, "the draft (greedy, same weights) predicted the call"
     assert len(runs) == 1, "the predicted call ran once"
     if turn.tool_results:
         (result,) = turn.tool_results
