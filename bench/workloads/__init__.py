@@ -153,7 +153,12 @@ def _speculation(size: Size) -> WorkloadPlan:
         build=lambda seed: generate_speculation(config, seed),
         kv_cache_mib=128,
         max_model_len=2048,
-        toolserve_overrides={"tools.hosted": hosted_records_tools(config.latencies_s)},
+        toolserve_overrides={
+            "tools.hosted": hosted_records_tools(config.latencies_s),
+            # A short run sees each agent kind only a few times: one sighting of a
+            # transition is enough for the learned predictor to try it.
+            "tools.speculation.learned_min_support": 1,
+        },
         reference_system="toolserve-no-speculation",
     )
 

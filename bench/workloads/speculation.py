@@ -74,12 +74,15 @@ class SpeculationConfig(BaseModel):
     latencies_s: tuple[float, ...] = Field(
         default=(0.1, 0.5, 1.0, 3.0), description="Records-service latency per agent kind."
     )
-    programs_per_latency: int = Field(default=6, ge=1)
+    programs_per_latency: int = Field(default=4, ge=1)
     arrival_gap_s: float = Field(
-        default=8.0, gt=0, description="Seconds between program arrivals (a steady trickle)."
+        default=15.0,
+        gt=0,
+        description="Seconds between task arrivals: a steady trickle that leaves the two "
+        "cores room, so the run measures latency rather than queueing.",
     )
     max_tokens: int = Field(
-        default=160, description="Budget of a task: plan and call, then the answer."
+        default=96, description="Budget of a task: plan and call, then the answer."
     )
 
 
