@@ -8,10 +8,14 @@ import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from cluster.config import ToolsConfig
 from toolworkers.builtin_tools import openai_function_schema
+
+if TYPE_CHECKING:
+    # Tool modules import this one in every sandboxed call's fresh process;
+    # the configuration model (pydantic) would add a quarter second to each.
+    from cluster.config import ToolsConfig
 
 _SPEC_ATTRIBUTE = "__toolserve_tool__"
 
