@@ -20,6 +20,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolworkers.chat_stream import ModelToolCall, ToolCallDeltas, sse_payloads
+
 EXTENSION_FIELD = "toolserve"
 # Constraints on the call-making step (vLLM implements a required or named
 # tool_choice with structured outputs too); the rounds the server adds after
@@ -34,20 +36,6 @@ class TurnContext:
 
     tenant: str
     execute_tools: bool
-
-
-@dataclass(frozen=True)
-class ModelToolCall:
-    id: str
-    name: str
-    arguments: str
-
-    def as_message_part(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
 
 
 def continuation_possible(body: dict[str, Any]) -> bool:
@@ -158,10 +146,8 @@ def summed_usage(
     return summed
 
 
-def with_extension(
-    reply: dict[str, Any], executed: list[dict[str, Any]], **extra: Any
-) -> dict[str, Any]:
-    reply[EXTENSION_FIELD] = {"executed_messages": executed, **extra}
+def with_extension(reply: dict[str, Any], executed: list[dict[str, Any]]) -> dict[str, Any]:
+    reply[EXTENSION_FIELD] = {"executed_messages": executed}
     return reply
 
 
@@ -170,13 +156,6 @@ def _sse(data: dict[str, Any]) -> str:
 
 
 _DONE = "data: [DONE]\n\n"
-
-
-@dataclass
-class _PendingCall:
-    id: str = ""
-    name: str = ""
-    arguments: str = ""
 
 
 @dataclass
@@ -190,17 +169,13 @@ class StreamRound:
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     failed: bool = False
-    _calls: dict[int, _PendingCall] = field(default_factory=dict)
+    _calls: ToolCallDeltas = field(default_factory=ToolCallDeltas)
     _finish_chunk: dict[str, Any] | None = None
     _template: dict[str, Any] | None = None
 
     def feed(self, sse: str) -> list[str]:
         forward = []
-        for event in sse.split("\n\n"):
-            payload = event.strip().removeprefix("data:").strip()
-            if not payload or payload == "[DONE]":
-                continue
-            data = json.loads(payload)
+        for data in sse_payloads(sse):
             if "error" in data and "choices" not in data:
                 self.failed = True
                 forward.append(_sse(data))
@@ -219,12 +194,7 @@ class StreamRound:
         """Records the chunk's calls and finish; True when something is left to send."""
         choice = data["choices"][0]
         delta = choice.get("delta") or {}
-        for part in delta.pop("tool_calls", None) or []:
-            pending = self._calls.setdefault(int(part.get("index", 0)), _PendingCall())
-            pending.id = part.get("id") or pending.id
-            function = part.get("function") or {}
-            pending.name = function.get("name") or pending.name
-            pending.arguments += function.get("arguments") or ""
+        self._calls.feed(delta.pop("tool_calls", None) or [])
         self.content += delta.get("content") or ""
         if choice.get("finish_reason") is None:
             return bool(delta)
@@ -235,10 +205,7 @@ class StreamRound:
 
     @property
     def tool_calls(self) -> list[ModelToolCall]:
-        return [
-            ModelToolCall(call.id, call.name, call.arguments)
-            for _, call in sorted(self._calls.items())
-        ]
+        return self._calls.calls()
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
         base = dict(self._template or {"id": self.response_id, "object": "chat.completion.chunk"})

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from cluster.config import ModelDeploymentConfig, ToolsConfig
 from cluster.store import ClusterStore, ReplicaStatus
 from deployments.continuation import (
-    ModelToolCall,
     StreamRound,
     TurnContext,
     calls_complete,
@@ -37,6 +36,7 @@ from deployments.continuation import (
 from deployments.errors import ApiError, engine_not_ready
 from deployments.pinning.replica import EnginePinning, tool_called, tool_called_in_chunk
 from deployments.pinning.settings import LAST_STEP_ARG, EnginePinningSettings, create_engine_config
+from toolworkers.chat_stream import ModelToolCall
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle

@@ -5,14 +5,14 @@ declared; it changes when a result is ready, never what the client receives."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.config import SpeculationConfig
-from toolworkers.cache_keys import ArgumentsError, canonical_arguments, normalized_arguments
-from toolworkers.predictor import ObservedCall, PredictedCall
+from toolworkers.cache_keys import canonical_arguments
+from toolworkers.chat_stream import ToolCallDeltas, sse_payloads
+from toolworkers.predictor import ObservedCall, PredictedCall, calls_in_history
 from toolworkers.registry import CostClass, ToolRegistry
 
 DRAFT_SOURCE = "draft"
@@ -44,24 +44,24 @@ def draft_request(
     }
 
 
+def _reply_message(choice: dict[str, Any]) -> dict[str, Any]:
+    """A reply choice's message: the model's, whatever role it states."""
+    return {**(choice.get("message") or {}), "role": "assistant"}
+
+
 def draft_predictions(reply: dict[str, Any]) -> list[PredictedCall]:
     """The distinct calls of a draft reply's samples; confidence = the share of
     samples that made the call."""
     choices = reply.get("choices") or []
     seen: Counter[str] = Counter()
-    calls: dict[str, PredictedCall] = {}
+    calls: dict[str, ObservedCall] = {}
     for choice in choices:
-        for call in (choice.get("message") or {}).get("tool_calls") or []:
-            function = call.get("function") or {}
-            try:
-                arguments = normalized_arguments(function.get("arguments"))
-            except ArgumentsError:
-                continue
-            identity = call_identity(function.get("name", ""), arguments)
+        for call in calls_in_history([_reply_message(choice)]):
+            identity = call_identity(call.name, call.arguments)
             seen[identity] += 1
-            calls[identity] = PredictedCall(function.get("name", ""), arguments, 0.0, DRAFT_SOURCE)
+            calls[identity] = call
     return [
-        PredictedCall(call.name, call.arguments, seen[identity] / len(choices), call.source)
+        PredictedCall(call.name, call.arguments, seen[identity] / len(choices), DRAFT_SOURCE)
         for identity, call in calls.items()
     ]
 
@@ -113,26 +113,11 @@ def settle(issued: list[PredictedCall], actual: list[ObservedCall]) -> Settlemen
     return Settlement(used, wasted)
 
 
-def _observed(function: dict[str, Any]) -> ObservedCall | None:
-    try:
-        return ObservedCall(function["name"], normalized_arguments(function.get("arguments")))
-    except (ArgumentsError, KeyError, TypeError):
-        return None
-
-
-def _message_calls(message: dict[str, Any]) -> list[ObservedCall]:
-    calls = [_observed(call.get("function") or {}) for call in message.get("tool_calls") or []]
-    return [call for call in calls if call is not None]
-
-
 def reply_calls(reply: dict[str, Any]) -> list[ObservedCall]:
     """Every call a non-streamed reply made: those the server ran, then the reply's own."""
-    calls: list[ObservedCall] = []
-    for message in (reply.get("toolserve") or {}).get("executed_messages") or []:
-        calls += _message_calls(message)
-    for choice in reply.get("choices") or []:
-        calls += _message_calls(choice.get("message") or {})
-    return calls
+    executed = (reply.get("toolserve") or {}).get("executed_messages") or []
+    replied = [_reply_message(choice) for choice in reply.get("choices") or []]
+    return calls_in_history([*executed, *replied])
 
 
 @dataclass
@@ -140,27 +125,20 @@ class StreamedCalls:
     """Every call a streamed reply made, collected from its SSE chunks."""
 
     calls: list[ObservedCall] = field(default_factory=list)
-    _pending: dict[int, dict[str, str]] = field(default_factory=dict)
+    _deltas: ToolCallDeltas = field(default_factory=ToolCallDeltas)
 
     def feed(self, sse: str) -> None:
         if "tool_call" not in sse and "executed_messages" not in sse:
             return
-        for event in sse.split("\n\n"):
-            payload = event.strip().removeprefix("data:").strip()
-            if not payload.startswith("{"):
-                continue
-            data = json.loads(payload)
-            for message in (data.get("toolserve") or {}).get("executed_messages") or []:
-                self.calls += _message_calls(message)
+        for data in sse_payloads(sse):
+            executed = (data.get("toolserve") or {}).get("executed_messages") or []
+            self.calls += calls_in_history(executed)
             for choice in data.get("choices") or []:
-                for part in (choice.get("delta") or {}).get("tool_calls") or []:
-                    pending = self._pending.setdefault(
-                        int(part.get("index", 0)), {"name": "", "arguments": ""}
-                    )
-                    function = part.get("function") or {}
-                    pending["name"] = function.get("name") or pending["name"]
-                    pending["arguments"] += function.get("arguments") or ""
+                self._deltas.feed((choice.get("delta") or {}).get("tool_calls") or [])
 
     def finish(self) -> list[ObservedCall]:
-        streamed = [_observed(function) for _, function in sorted(self._pending.items())]
-        return self.calls + [call for call in streamed if call is not None]
+        streamed = [
+            {"role": "assistant", "tool_calls": [call.as_message_part()]}
+            for call in self._deltas.calls()
+        ]
+        return self.calls + calls_in_history(streamed)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -64,6 +65,23 @@ def cluster_config(hosted_data_dir: Path, lookup_ledger: Path) -> ToolserveConfi
 def cluster(cluster_config: ToolserveConfig) -> Iterator[Endpoints]:
     with LocalCluster(cluster_config, log=lambda line: print(f"[cluster] {line}")) as endpoints:
         yield endpoints
+
+
+@pytest.fixture(scope="session")
+def weather_tool() -> dict[str, Any]:
+    """A tool the client runs itself (no hosted tool has its schema)."""
+    return {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather of a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
 
 
 @pytest.fixture(scope="session")

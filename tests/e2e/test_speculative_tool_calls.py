@@ -22,18 +22,6 @@ from toolworkers.client import SpeculativeToolClient, SpeculativeTurn
 
 pytestmark = pytest.mark.e2e
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 PLAN_THEN_WEATHER_CALL = (
     r"[A-Z][A-Za-z ,']{20,120}\.\n<tool_call>\n"
     r'\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]+"\}\}\n</tool_call>'
@@ -120,7 +108,10 @@ def _runs(ledger: Path) -> list[str]:
 
 
 def test_the_client_sdk_runs_a_predicted_tool_once_and_reuses_it(
-    model_name: str, cluster: Endpoints, cluster_config: ToolserveConfig
+    model_name: str,
+    cluster: Endpoints,
+    cluster_config: ToolserveConfig,
+    weather_tool: dict[str, Any],
 ) -> None:
     assert cluster_config.draft is not None
     runs: list[str] = []
@@ -150,7 +141,7 @@ def test_the_client_sdk_runs_a_predicted_tool_once_and_reuses_it(
                         "then call the tool.",
                     }
                 ],
-                tools=[WEATHER_TOOL],
+                tools=[weather_tool],
                 tool_choice="auto",
                 temperature=0,
                 max_tokens=96,

@@ -20,18 +20,6 @@ from toolworkers.builtin_tools import calculate
 pytestmark = pytest.mark.e2e
 
 QUESTION = [{"role": "user", "content": "What is 1234 * 5678?"}]
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 
 
 def _hosted_tools(cluster: Endpoints) -> list[dict[str, Any]]:
@@ -128,11 +116,13 @@ def test_a_streamed_continuation_matches_the_non_streamed_one(
     assert usage.completion_tokens == whole.usage.completion_tokens
 
 
-def _weather_turn(client: OpenAI, model: str, program: str, execute_tools: bool) -> Any:
+def _weather_turn(
+    client: OpenAI, model: str, tool: dict[str, Any], program: str, execute_tools: bool
+) -> Any:
     return client.chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": "What is the weather in Paris?"}],
-        tools=[WEATHER_TOOL],
+        tools=[tool],
         tool_choice="required",
         temperature=0,
         max_tokens=64,
@@ -142,10 +132,10 @@ def _weather_turn(client: OpenAI, model: str, program: str, execute_tools: bool)
 
 
 def test_a_posted_client_output_answers_the_call_without_a_round_trip(
-    client: OpenAI, model_name: str, cluster: Endpoints
+    client: OpenAI, model_name: str, cluster: Endpoints, weather_tool: dict[str, Any]
 ) -> None:
     program = f"posted-{uuid.uuid4().hex[:8]}"
-    first = _weather_turn(client, model_name, program, execute_tools=True)
+    first = _weather_turn(client, model_name, weather_tool, program, execute_tools=True)
     (call,) = first.choices[0].message.tool_calls or []
     assert "toolserve" not in (first.model_extra or {}), "nothing posted yet: the client runs it"
     posted = httpx.post(
@@ -163,12 +153,14 @@ def test_a_posted_client_output_answers_the_call_without_a_round_trip(
     assert posted.status_code == 200, posted.text
     assert posted.json() == {"cached": 1}
 
-    second = _weather_turn(client, model_name, program, execute_tools=True)
+    second = _weather_turn(client, model_name, weather_tool, program, execute_tools=True)
     extension = (second.model_extra or {}).get("toolserve")
     assert extension is not None, "the posted output should answer the same call"
     assert extension["executed_messages"][1]["content"] == "Sunny, 21 C"
 
-    other_program = _weather_turn(client, model_name, program + "-other", execute_tools=True)
+    other_program = _weather_turn(
+        client, model_name, weather_tool, program + "-other", execute_tools=True
+    )
     assert "toolserve" not in (other_program.model_extra or {}), "outputs stay in their program"
 
 

@@ -8,7 +8,6 @@ from typing import Any
 
 from deployments.continuation import (
     EXTENSION_FIELD,
-    ModelToolCall,
     StreamRound,
     continuation_possible,
     declared_hosted_tools,
@@ -17,6 +16,7 @@ from deployments.continuation import (
     round_messages,
     summed_usage,
 )
+from toolworkers.chat_stream import ModelToolCall
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {}}}]
 BODY: dict[str, Any] = {
