@@ -1,5 +1,6 @@
-"""Runs one tool call in a fresh subprocess: its own working directory and
-session, memory, CPU-time and file-size limits, no network unless allowed, a
+"""Runs one tool call in its own process, forked from a warm zygote process
+(`toolworkers.sandbox_zygote`) so a call costs milliseconds: its own working
+directory and session, memory, CPU-time and file-size limits, no network unless allowed, a
 wall-clock timeout and a cap on output. Every failure (crash, hang, memory
 blow-up, oversized output, bad arguments) comes back as a `ToolResult`, never
 as an exception or a hung caller."""
@@ -7,11 +8,15 @@ as an exception or a hung caller."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -19,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.config import SandboxLimits
+
+logger = logging.getLogger("toolserve.toolworkers")
 
 _STDERR_TAIL_BYTES = 2048
 _READ_CHUNK = 65536
@@ -65,18 +72,134 @@ class SandboxCall:
     timeout_s: float
 
 
-def _child_environment(workdir: str) -> dict[str, str]:
-    # Nothing of the worker's environment (credentials among it) reaches the tool.
+def _zygote_environment() -> dict[str, str]:
+    # Nothing of the worker's environment (credentials among it) reaches a tool.
     return {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": workdir,
-        "TMPDIR": workdir,
         "LANG": "C.UTF-8",
         "PYTHONPATH": os.pathsep.join(path for path in sys.path if path),
         "PYTHONDONTWRITEBYTECODE": "1",
         "OMP_NUM_THREADS": "1",
         "OPENBLAS_NUM_THREADS": "1",
     }
+
+
+def _child_environment(workdir: str) -> dict[str, str]:
+    return {**_zygote_environment(), "HOME": workdir, "TMPDIR": workdir}
+
+
+class ZygoteLost(Exception):
+    """The zygote process ended or stopped answering."""
+
+
+_StartedChild = tuple[int, "asyncio.Future[int | None]"]
+
+
+class _Zygote:
+    """The worker's end of `toolworkers.sandbox_zygote`, bound to one event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._socket, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-s",
+                    "-m",
+                    "toolworkers.sandbox_zygote",
+                    str(zygote_end.fileno()),
+                ],
+                pass_fds=[zygote_end.fileno()],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                env=_zygote_environment(),
+                start_new_session=True,
+            )
+        except OSError:
+            self._socket.close()
+            raise
+        finally:
+            zygote_end.close()
+        self.pid = self._process.pid
+        self._socket.setblocking(False)
+        self._starting: collections.deque[asyncio.Future[_StartedChild]] = collections.deque()
+        self._exits: dict[int, asyncio.Future[int | None]] = {}
+        self.alive = True
+        self._reader = loop.create_task(self._read_replies())
+
+    async def _read_replies(self) -> None:
+        try:
+            while message := await self.loop.sock_recv(self._socket, 4096):
+                reply = json.loads(message)
+                if "started" in reply:
+                    pid = reply["started"]
+                    self._exits[pid] = self.loop.create_future()
+                    self._starting.popleft().set_result((pid, self._exits[pid]))
+                elif (exit_future := self._exits.pop(reply["exited"], None)) is not None:
+                    exit_future.set_result(reply["status"])
+        except (OSError, ValueError) as error:
+            logger.warning("tool sandbox zygote failed: %s", error)
+        finally:
+            self.close()
+
+    async def start(self, workdir: str, descriptors: list[int]) -> _StartedChild:
+        """Forks a child on `descriptors` (stdin, stdout, stderr); its pid and a
+        future of its wait status (None when the zygote is lost before it ends)."""
+        if not self.alive:
+            raise ZygoteLost("the tool sandbox zygote has ended")
+        request = json.dumps({"workdir": workdir, "environment": _child_environment(workdir)})
+        started: asyncio.Future[_StartedChild] = self.loop.create_future()
+        try:
+            socket.send_fds(self._socket, [request.encode()], descriptors)
+        except OSError as error:
+            self.close()
+            raise ZygoteLost(f"cannot reach the tool sandbox zygote: {error}") from error
+        self._starting.append(started)
+        return await started
+
+    def close(self) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        self._socket.close()
+        if not self.loop.is_closed():
+            for started in self._starting:
+                if not started.done():
+                    started.set_exception(ZygoteLost("the tool sandbox zygote has ended"))
+            for exit_future in self._exits.values():
+                if not exit_future.done():
+                    exit_future.set_result(None)
+        self._starting.clear()
+        self._exits.clear()
+        with contextlib.suppress(ProcessLookupError):
+            self._process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._process.wait(timeout=1)
+
+
+_zygote: _Zygote | None = None
+
+
+def _running_zygote() -> _Zygote:
+    """This process's zygote, started on first use and again after it is lost
+    or when calls move to another event loop."""
+    global _zygote
+    loop = asyncio.get_running_loop()
+    if _zygote is None or not _zygote.alive or _zygote.loop is not loop:
+        if _zygote is not None:
+            _zygote.close()
+        _zygote = _Zygote(loop)
+    return _zygote
+
+
+async def _pipe_reader(descriptor: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=_READ_CHUNK)
+    transport, _protocol = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(descriptor, "rb", buffering=0)
+    )
+    return reader, transport
 
 
 async def _read_capped(stream: asyncio.StreamReader, cap: int) -> tuple[bytes, bool]:
@@ -97,13 +220,11 @@ async def _drain_tail(stream: asyncio.StreamReader) -> bytes:
     return tail
 
 
-def _kill_group(process: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-
-
-def _exit_description(returncode: int, stderr_tail: bytes) -> tuple[str, str]:
-    if returncode < 0:
+def _exit_description(status: int | None, stderr_tail: bytes) -> tuple[str, str]:
+    returncode = None if status is None else os.waitstatus_to_exitcode(status)
+    if returncode is None:
+        reason = "the tool process ended without a result"
+    elif returncode < 0:
         signal_number = -returncode
         name = signal.Signals(signal_number).name if signal_number in signal.valid_signals() else ""
         if signal_number == signal.SIGXCPU:
@@ -113,6 +234,11 @@ def _exit_description(returncode: int, stderr_tail: bytes) -> tuple[str, str]:
         reason = f"the tool process exited with status {returncode}"
     last_line = stderr_tail.decode(errors="replace").strip().splitlines()[-1:]
     return "crash", reason + (f": {last_line[0][:300]}" if last_line else "")
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 async def run_sandboxed(call: SandboxCall, limits: SandboxLimits) -> ToolResult:
@@ -136,48 +262,50 @@ async def run_sandboxed(call: SandboxCall, limits: SandboxLimits) -> ToolResult:
         default=str,
     ).encode()
     workdir = tempfile.mkdtemp(prefix="toolserve-tool-")
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, workdir, ignore_errors=True)
+        # A file, not a pipe, carries the request: the child reads it whenever it
+        # likes and a large request cannot block the worker.
+        request_file = cleanup.enter_context(tempfile.TemporaryFile())
+        request_file.write(request)
+        request_file.seek(0)
+        stdout_read, stdout_write = os.pipe()
+        stderr_read, stderr_write = os.pipe()
+        try:
+            pid, exited = await _running_zygote().start(
+                workdir, [request_file.fileno(), stdout_write, stderr_write]
+            )
+        except (OSError, ZygoteLost) as error:
+            for descriptor in (stdout_read, stdout_write, stderr_read, stderr_write):
+                os.close(descriptor)
+            return result(False, f"cannot start the tool process: {error}", "crash")
+        finally:
+            request_file.close()
+        os.close(stdout_write)
+        os.close(stderr_write)
+        cleanup.callback(_kill_group, pid)
+        stdout, stdout_transport = await _pipe_reader(stdout_read)
+        cleanup.callback(stdout_transport.close)
+        stderr, stderr_transport = await _pipe_reader(stderr_read)
+        cleanup.callback(stderr_transport.close)
+        stderr_task = asyncio.create_task(_drain_tail(stderr))
+        cleanup.callback(stderr_task.cancel)
+        try:
+            async with asyncio.timeout(call.timeout_s):
+                output, overflowed = await _read_capped(stdout, limits.max_output_bytes)
+                if overflowed:
+                    return result(
+                        False,
+                        f"the tool's output exceeded {limits.max_output_bytes} bytes",
+                        "output_too_large",
+                    )
+                status = await exited
+                stderr_tail = await stderr_task
+        except TimeoutError:
+            return result(False, f"the tool ran longer than {call.timeout_s:g} s", "timeout")
     try:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-s", "-m", "toolworkers.sandbox_child",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=workdir,
-            env=_child_environment(workdir),
-            start_new_session=True,
-        )  # fmt: skip
-    except OSError as error:
-        shutil.rmtree(workdir, ignore_errors=True)
-        return result(False, f"cannot start the tool process: {error}", "crash")
-    assert process.stdin and process.stdout and process.stderr
-    stderr_task = asyncio.create_task(_drain_tail(process.stderr))
-    try:
-        async with asyncio.timeout(call.timeout_s):
-            process.stdin.write(request)
-            with contextlib.suppress(ConnectionError):
-                await process.stdin.drain()
-            process.stdin.close()
-            stdout, overflowed = await _read_capped(process.stdout, limits.max_output_bytes)
-            if overflowed:
-                _kill_group(process)
-                return result(
-                    False,
-                    f"the tool's output exceeded {limits.max_output_bytes} bytes",
-                    "output_too_large",
-                )
-            returncode = await process.wait()
-            stderr_tail = await stderr_task
-    except TimeoutError:
-        return result(False, f"the tool ran longer than {call.timeout_s:g} s", "timeout")
-    finally:
-        _kill_group(process)
-        stderr_task.cancel()
-        with contextlib.suppress(ProcessLookupError):
-            await process.wait()
-        shutil.rmtree(workdir, ignore_errors=True)
-    try:
-        reply = json.loads(stdout)
+        reply = json.loads(output)
         return result(bool(reply["ok"]), str(reply["output"]), reply.get("error_kind"))
     except (ValueError, KeyError, TypeError):
-        error_kind, reason = _exit_description(returncode, stderr_tail)
+        error_kind, reason = _exit_description(status, stderr_tail)
         return result(False, reason, error_kind)

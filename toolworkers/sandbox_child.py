@@ -1,4 +1,4 @@
-"""The process one sandboxed tool call runs in (started by `toolworkers.sandbox`).
+"""What the process of one sandboxed tool call runs (forked by `toolworkers.sandbox_zygote`).
 
 Reads {"function", "arguments", "options", "limits"} as JSON on stdin, limits
 itself before importing the tool, runs it, and writes one JSON result on the
@@ -81,7 +81,3 @@ def main() -> None:
         result = _failure("memory_limit", "the tool ran out of memory")
     json.dump(result, result_stream)
     result_stream.flush()
-
-
-if __name__ == "__main__":
-    main()

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from cluster.config import SandboxLimits
+from toolworkers import sandbox
 from toolworkers.sandbox import SandboxCall, ToolResult, run_sandboxed
 
 LIMITS = SandboxLimits(memory_mb=512, cpu_s=30, max_output_bytes=64 * 1024)
@@ -141,3 +144,25 @@ def test_concurrent_calls_do_not_interfere() -> None:
     results = asyncio.run(many())
     assert [result.output for result in results[:6]] == [str(n) for n in range(6)]
     assert results[6].error_kind == "timeout"
+
+
+def test_a_lost_zygote_is_replaced_and_a_running_call_still_finishes() -> None:
+    async def scenario() -> tuple[ToolResult, ToolResult, ToolResult]:
+        first = await run_sandboxed(
+            SandboxCall("sandbox_probes:echo", {"text": "a"}, {}, 20), LIMITS
+        )
+        zygote = sandbox._running_zygote()
+        running = asyncio.create_task(
+            run_sandboxed(SandboxCall("sandbox_probes:hang", {"seconds": 1}, {}, 20), LIMITS)
+        )
+        await asyncio.sleep(0.5)
+        os.kill(zygote.pid, signal.SIGKILL)
+        interrupted = await running
+        after = await run_sandboxed(
+            SandboxCall("sandbox_probes:echo", {"text": "b"}, {}, 20), LIMITS
+        )
+        assert sandbox._running_zygote().pid != zygote.pid
+        return first, interrupted, after
+
+    first, interrupted, after = asyncio.run(scenario())
+    assert (first.output, interrupted.output, after.output) == ("a", "woke up", "b")
