@@ -109,11 +109,14 @@ class EngineConfig(_Strict):
             raise ValueError("block_size must be a multiple of 16")
         return self
 
-    def engine_kwargs(self, resolved_model: str) -> dict[str, Any]:
-        """Keyword arguments for vLLM's AsyncEngineArgs."""
+    def engine_kwargs(
+        self, resolved_model: str, served_model_names: list[str] | None = None
+    ) -> dict[str, Any]:
+        """Keyword arguments for vLLM's AsyncEngineArgs; the engine answers to
+        `served_model_names` (default: `served_model_name`)."""
         kwargs: dict[str, Any] = {
             "model": resolved_model,
-            "served_model_name": [self.served_model_name],
+            "served_model_name": served_model_names or [self.served_model_name],
             "dtype": self.dtype,
             "max_model_len": self.max_model_len,
             "block_size": self.block_size,
@@ -555,6 +558,14 @@ class ToolserveConfig(_Strict):
         default=None,
         description="Draft-model replicas used to predict tool calls; None: no draft.",
     )
+    draft_placement: Literal["own_replicas", "main_replicas"] = Field(
+        default="own_replicas",
+        description="Where the draft runs. `main_replicas`, for a draft that is the main "
+        "model: the main replicas' engines also answer to the draft's name, so a "
+        "prediction shares the conversation's cached prefix and batches with the turn "
+        "instead of a second engine competing for the same cores (only the draft's "
+        "`served_model_name` is used then).",
+    )
     redis: RedisConfig = Field(default_factory=RedisConfig, description="Cluster state store.")
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster.")
     server: ServerConfig = Field(default_factory=ServerConfig, description="HTTP endpoint.")
@@ -579,6 +590,30 @@ class ToolserveConfig(_Strict):
         ):
             raise ValueError("main and draft need different served_model_name values")
         return self
+
+    @model_validator(mode="after")
+    def _draft_on_main_is_the_main_model(self) -> ToolserveConfig:
+        if self.draft_placement == "main_replicas" and (
+            self.draft is None
+            or (self.draft.engine.model, self.draft.engine.dtype)
+            != (self.main.engine.model, self.main.engine.dtype)
+        ):
+            raise ValueError(
+                "draft_placement main_replicas needs a draft with the main model and dtype"
+            )
+        return self
+
+    @property
+    def draft_replicas(self) -> ModelDeploymentConfig | None:
+        """The draft's own deployment, if it has one."""
+        return self.draft if self.draft_placement == "own_replicas" else None
+
+    @property
+    def names_served_by_main(self) -> list[str]:
+        names = [self.main.engine.served_model_name]
+        if self.draft is not None and self.draft_placement == "main_replicas":
+            names.append(self.draft.engine.served_model_name)
+        return names
 
 
 class ConfigError(ValueError):

@@ -60,7 +60,9 @@ class LocalCluster:
         self._log("models: preparing")
         main_model = resolve_model(config.main.engine.model, config.cache_dir)
         draft_model = (
-            resolve_model(config.draft.engine.model, config.cache_dir) if config.draft else None
+            resolve_model(config.draft_replicas.engine.model, config.cache_dir)
+            if config.draft_replicas
+            else None
         )
         self._log(f"models: main={main_model}" + (f" draft={draft_model}" if draft_model else ""))
 
@@ -96,7 +98,7 @@ class LocalCluster:
             }
         )
         deployments = ["ingress", "main-model"]
-        deployments += ["draft-model"] if config.draft else []
+        deployments += ["draft-model"] if config.draft_replicas else []
         deployments += ["tool-workers"] if config.tools.hosted else []
         self._log("serve: deploying " + ", ".join(deployments))
         app = build_application(config, main_model, draft_model, self._redis.url)
@@ -112,11 +114,11 @@ class LocalCluster:
         )
         timeout = max(
             config.main.startup_timeout_s,
-            config.draft.startup_timeout_s if config.draft else 0,
+            config.draft_replicas.startup_timeout_s if config.draft_replicas else 0,
         )
         wanted = {"main": config.main.num_replicas}
-        if config.draft:
-            wanted["draft"] = config.draft.num_replicas
+        if config.draft_replicas:
+            wanted["draft"] = config.draft_replicas.num_replicas
         self._wait_until_healthy(endpoints.health_url, timeout, wanted)
         self._log(f"ready in {time.monotonic() - started:.0f}s")
         return endpoints

@@ -77,6 +77,7 @@ def _model_deployment(
             deployment_id,
             config.tools if role == "main" else None,
             tool_workers,
+            config.names_served_by_main if role == "main" else None,
         )
     )
 
@@ -122,11 +123,11 @@ def build_application(
         tool_workers,
     )
     draft = None
-    if config.draft is not None:
+    if config.draft_replicas is not None:
         assert resolved_draft_model is not None
         draft = _model_deployment(
             DRAFT_DEPLOYMENT,
-            config.draft,
+            config.draft_replicas,
             resolved_draft_model,
             "draft",
             config,
@@ -144,7 +145,7 @@ def build_application(
         )
         .bind(
             main,
-            draft,
+            main if config.draft is not None and draft is None else draft,
             config.main.engine.served_model_name,
             config.draft.engine.served_model_name if config.draft else None,
             config.main.engine.max_model_len,

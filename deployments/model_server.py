@@ -91,8 +91,11 @@ class ModelServer:
         deployment_id: str,
         tools: ToolsConfig | None = None,
         tool_workers: DeploymentHandle | None = None,
+        served_model_names: list[str] | None = None,
     ):
         self._deployment = deployment
+        self._served_model_names = served_model_names
+        self._draft_names = set(served_model_names or ()) - {deployment.engine.served_model_name}
         self._resolved_model = resolved_model
         self._role = role
         self._replica_id = _current_replica_id()
@@ -164,7 +167,7 @@ class ModelServer:
         if self._deployment.num_gpus == 0:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self._cpu_binding
         engine_args, vllm_config = create_engine_config(
-            self._deployment.engine.engine_kwargs(self._resolved_model),
+            self._deployment.engine.engine_kwargs(self._resolved_model, self._served_model_names),
             self._pinning_settings,
             disable_log_stats=False,
         )
@@ -243,6 +246,11 @@ class ModelServer:
         if self._state is not EngineState.READY or self._serving_chat is None:
             yield ReplyHead(self._replica_id, streaming=False, error=engine_not_ready(self._detail))
             return
+        if body.get("model") in self._draft_names:
+            # A prediction for the draft's name served here: not a turn of its
+            # program, so neither pinned nor continued.
+            body = {key: value for key, value in body.items() if key != "session_id"}
+            turn = None
         continuing = bool(
             self._tools is not None
             and turn is not None

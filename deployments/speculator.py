@@ -134,7 +134,7 @@ class Speculator:
         if request is None:
             return
         try:
-            reply = await asyncio.wait_for(self._ask_draft(request), _DRAFT_TIMEOUT_S)
+            reply = await asyncio.wait_for(self._ask_draft(request, program_id), _DRAFT_TIMEOUT_S)
         except Exception as error:
             logger.warning("draft prediction failed: %s: %s", type(error).__name__, error)
             return
@@ -142,9 +142,11 @@ class Speculator:
             drafted = draft_predictions(reply)
             self._launch(self._policy.choose(drafted, declared), program_id, tenant, turn)
 
-    async def _ask_draft(self, request: dict[str, Any]) -> dict[str, Any] | None:
+    async def _ask_draft(self, request: dict[str, Any], program_id: str) -> dict[str, Any] | None:
         assert self._draft is not None
-        stream = self._draft.options(stream=True).chat.remote(request)
+        # Routed with the program, so a draft served by the main replicas runs where
+        # the conversation's prefix is cached.
+        stream = self._draft.options(stream=True, session_id=program_id).chat.remote(request)
         try:
             head = await stream.__anext__()
         finally:

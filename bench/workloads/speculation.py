@@ -4,12 +4,17 @@ latency is set per agent kind (0.1 s to 3 s) so tool time can be set against
 the model's generation time.
 
 Each program is one task: a ticket key in the user message, a first request
-whose output is held to "plan sentence, then the lookup call" (a structured
-output, since the 135M model rarely calls tools of its own accord), the tool,
-and a final answer. The records tools are hosted by toolserve with the same
-schema the program declares, so a server that runs them itself continues the
-turn in one request (engine-side); a server that does not hands the call back
-and the program runs it, sleeping the same latency.
+whose output is held to "plan sentence, then the lookup of that ticket" (a
+structured output, since the 135M model rarely calls tools of its own accord
+and, left to choose the key, copies the ticket in only 4 of the 16 tasks at
+greedy decoding, writing the chat template's example key or an invented one
+otherwise), the tool, and a final answer. Holding the key makes the agent's
+call follow from its task, as a capable model's would; the predictors are not
+told the key and must find it themselves. The records tools are hosted by
+toolserve with the same schema the program declares, so a server that runs
+them itself continues the turn in one request (engine-side); a server that
+does not hands the call back and the program runs it, sleeping the same
+latency.
 """
 
 from __future__ import annotations
@@ -36,13 +41,13 @@ from toolworkers.registry import ToolRegistry
 TOOL_FUNCTION = "bench.tools:lookup_record"
 
 
-def plan_and_call_regex(tool_name: str) -> str:
-    """One plan sentence, then a call of `tool_name` with a ticket-shaped key, in
-    the chat template's `<tool_call>` format (read back by the hermes parser).
-    Tool names here are `[a-z0-9_]`, nothing to escape."""
+def plan_and_call_regex(tool_name: str, ticket: str) -> str:
+    """One plan sentence, then a call of `tool_name` with the key `ticket`, in the
+    chat template's `<tool_call>` format (read back by the hermes parser). Tool
+    names here are `[a-z0-9_]` and tickets `[A-Z]+-[0-9]+`: nothing to escape."""
     return (
         r"[A-Z][A-Za-z0-9 ,'\-]{15,150}\.\n<tool_call>\n"
-        r'\{"name": "' + tool_name + r'", "arguments": \{"key": "[A-Z]{2,4}-[0-9]{3,5}"\}\}'
+        r'\{"name": "' + tool_name + r'", "arguments": \{"key": "' + ticket + r'"\}\}'
         r"\n</tool_call>"
     )
 
@@ -116,6 +121,7 @@ class RecordsProgram(AgentProgram):
         )
         self._latency_s = latency_s
         self._tool_name = tool["function"]["name"]
+        self._ticket = ticket
         self._max_tokens = max_tokens
         self._spent_tokens = 0
         self._answered = False
@@ -128,7 +134,7 @@ class RecordsProgram(AgentProgram):
             return TurnRequest(
                 tool_choice="auto",
                 max_tokens=self._max_tokens,
-                structured_outputs={"regex": plan_and_call_regex(self._tool_name)},
+                structured_outputs={"regex": plan_and_call_regex(self._tool_name, self._ticket)},
             )
         return TurnRequest(tool_choice="none", max_tokens=self._remaining_tokens())
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+import uuid
 from typing import Any
 
 import httpx
@@ -12,6 +14,7 @@ from openai import OpenAI
 
 from cluster.config import ToolserveConfig
 from cluster.launcher import Endpoints
+from cluster.store import TtlLedger
 
 pytestmark = pytest.mark.e2e
 
@@ -63,21 +66,36 @@ def test_models_lists_the_main_and_draft_models(
 
 
 def test_the_draft_model_answers_requests_that_name_it(
-    client: OpenAI, cluster_config: ToolserveConfig
+    client: OpenAI, cluster_config: ToolserveConfig, cluster: Endpoints
 ) -> None:
     assert cluster_config.draft is not None
     draft = cluster_config.draft.engine.served_model_name
+    program = f"draft-request-{uuid.uuid4().hex[:8]}"
     response = client.chat.completions.with_raw_response.create(
-        model=draft, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+        model=draft,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        extra_headers={"X-Session-ID": program},
     )
     assert response.parse().model == draft
-    assert response.headers["x-toolserve-replica"]
+    engines = httpx.get(cluster.health_url, timeout=30).json()["engines"]
+    serving_role = "draft" if cluster_config.draft_replicas else "main"
+    assert response.headers["x-toolserve-replica"] in {
+        engine["replica"] for engine in engines if engine["role"] == serving_role
+    }
+    time.sleep(1)
+    ledger = TtlLedger(cluster.redis_url)
+    assert ledger.lookup(program) is None, "a prediction is not a turn of its program"
+    ledger.close()
 
 
-def test_health_reports_engines_and_redis(cluster: Endpoints) -> None:
+def test_health_reports_engines_and_redis(
+    cluster: Endpoints, cluster_config: ToolserveConfig
+) -> None:
     report = httpx.get(cluster.health_url, timeout=30).json()
     assert report["status"] == "ok"
-    assert {engine["role"] for engine in report["engines"]} == {"main", "draft"}
+    roles = {"main"} | ({"draft"} if cluster_config.draft_replicas else set())
+    assert {engine["role"] for engine in report["engines"]} == roles
     assert report["redis"] is True
 
 

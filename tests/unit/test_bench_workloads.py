@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import json
 import random
+import re
 import statistics
 from dataclasses import replace
 from typing import Any
@@ -414,7 +415,12 @@ def test_a_records_task_the_server_answered_ends_after_one_request() -> None:
     request = program.next_request()
     assert request is not None and request.tool_choice == "auto"
     assert request.structured_outputs is not None
-    assert program.tools[0]["function"]["name"] in request.structured_outputs["regex"]
+    regex = re.compile(request.structured_outputs["regex"])
+    ticket = program.messages[-1]["content"].split()[1]
+    call = '<tool_call>\n{"name": "%s", "arguments": {"key": "%s"}}\n</tool_call>'
+    tool_name = program.tools[0]["function"]["name"]
+    assert regex.fullmatch("I will look it up.\n" + call % (tool_name, ticket))
+    assert not regex.fullmatch("I will look it up.\n" + call % (tool_name, "INC-2041"))
     executed = (
         {"role": "assistant", "content": None, "tool_calls": [{"id": "s1"}]},
         {"role": "tool", "tool_call_id": "s1", "content": "record"},

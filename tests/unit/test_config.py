@@ -76,6 +76,29 @@ def test_main_and_draft_need_distinct_names() -> None:
         ToolserveConfig(name="x", main=deployment, draft=deployment)
 
 
+def test_a_draft_on_the_main_replicas_is_served_under_its_name_by_the_main_engine() -> None:
+    main = ModelDeploymentConfig(engine=_engine())
+    draft = ModelDeploymentConfig(engine=_engine(served_model_name="draft"))
+    own = ToolserveConfig(name="x", main=main, draft=draft)
+    assert own.draft_replicas is draft
+    assert own.names_served_by_main == [main.engine.served_model_name]
+    shared = ToolserveConfig(name="x", main=main, draft=draft, draft_placement="main_replicas")
+    assert shared.draft_replicas is None
+    assert shared.names_served_by_main == [main.engine.served_model_name, "draft"]
+    assert shared.main.engine.engine_kwargs("/m", shared.names_served_by_main)[
+        "served_model_name"
+    ] == [main.engine.served_model_name, "draft"]
+
+
+def test_only_the_main_model_can_be_drafted_on_the_main_replicas() -> None:
+    main = ModelDeploymentConfig(engine=_engine())
+    other = ModelDeploymentConfig(engine=_engine(served_model_name="draft", model="other/model"))
+    with pytest.raises(ValidationError, match="main model"):
+        ToolserveConfig(name="x", main=main, draft=other, draft_placement="main_replicas")
+    with pytest.raises(ValidationError, match="main model"):
+        ToolserveConfig(name="x", main=main, draft_placement="main_replicas")
+
+
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no configuration file"):
         load_config(tmp_path / "absent.yaml")
