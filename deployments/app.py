@@ -145,7 +145,7 @@ def build_application(
         )
         .bind(
             main,
-            main if config.draft is not None and draft is None else draft,
+            draft,
             config.main.engine.served_model_name,
             config.draft.engine.served_model_name if config.draft else None,
             config.main.engine.max_model_len,

@@ -202,9 +202,12 @@ class OpenAIIngress:
         import vllm.entrypoints.openai.chat_completion.protocol  # noqa: F401
 
         self._main = main
+        # `draft` is the draft's own deployment; without one, a named draft model
+        # is served by the main replicas.
         self._draft = draft
+        self._draft_target = draft if draft is not None else main if draft_model else None
         self._served_model = served_model
-        self._draft_model = draft_model if draft is not None else None
+        self._draft_model = draft_model
         self._max_model_len = max_model_len
         self._created = int(time.time())
         self._store = ClusterStore(redis_url)
@@ -213,7 +216,9 @@ class OpenAIIngress:
 
         self._tools_config = tools
         self._tools = tool_executor(tools, redis_url, tool_workers)
-        self._speculator = Speculator(tools.speculation, self._tools, draft, self._draft_model)
+        self._speculator = Speculator(
+            tools.speculation, self._tools, self._draft_target, self._draft_model
+        )
         from ray.serve.metrics import Counter, Histogram
 
         self._requests = Counter(
@@ -307,7 +312,7 @@ class OpenAIIngress:
         owner = ResponseOwner(f"chatcmpl-{body['request_id']}", tenant, program_id)
         await self._store.record_response(owner, self._tools_config.cache.response_owner_ttl_s)
         turn = TurnContext(tenant=tenant, execute_tools=options.execute_tools)
-        to_draft = self._draft is not None and body.get("model") == self._draft_model
+        to_draft = self._draft_model is not None and body.get("model") == self._draft_model
         speculation = (
             None
             if to_draft
@@ -367,7 +372,7 @@ class OpenAIIngress:
         its reply head."""
         from ray.exceptions import ActorUnavailableError, RayActorError
 
-        deployment = self._draft if to_draft and self._draft is not None else self._main
+        deployment = self._draft_target if to_draft and self._draft_target else self._main
         handle = deployment.options(stream=True, session_id=program_id)
         retries_left = _REPLICA_LOSS_RETRIES
         while True:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import json
 import logging
 import os
 import uuid
@@ -247,10 +248,9 @@ class ModelServer:
             yield ReplyHead(self._replica_id, streaming=False, error=engine_not_ready(self._detail))
             return
         if body.get("model") in self._draft_names:
-            # A prediction for the draft's name served here: not a turn of its
-            # program, so neither pinned nor continued.
-            body = {key: value for key, value in body.items() if key != "session_id"}
-            turn = None
+            async for part in self._answer_as_draft(body):
+                yield part
+            return
         continuing = bool(
             self._tools is not None
             and turn is not None
@@ -292,6 +292,26 @@ class ModelServer:
             yield chunk
         if tracked:
             self._turn_ended(program_id, tool)
+
+    async def _answer_as_draft(self, body: dict[str, Any]) -> AsyncIterator[ReplyHead | str]:
+        """A request for the draft's name served by this main engine: a prediction,
+        not a turn of its program (neither pinned nor continued), answered under
+        the name it asked for (vLLM names its first served model)."""
+        asked = str(body["model"])
+        body = {key: value for key, value in body.items() if key != "session_id"}
+        result = await self._create(body)
+        if isinstance(result, ApiError):
+            yield ReplyHead(self._replica_id, streaming=False, error=result)
+        elif not isinstance(result, AsyncIterator):
+            reply = result.model_dump(mode="json") | {"model": asked}
+            yield ReplyHead(self._replica_id, streaming=False, body=reply)
+        else:
+            yield ReplyHead(self._replica_id, streaming=True)
+            # Inside JSON strings quotes are escaped, so this fragment is only ever
+            # the chunk's own model field.
+            served = _model_field(self._deployment.engine.served_model_name)
+            async for chunk in result:
+                yield chunk.replace(served, _model_field(asked), 1)
 
     async def _create(self, body: dict[str, Any]) -> Any:
         """One request to the engine through vLLM's chat front end: a reply, an
@@ -453,6 +473,11 @@ class ModelServer:
             self._pinning.stop()
         if self._engine is not None:
             self._engine.shutdown()
+
+
+def _model_field(name: str) -> str:
+    """The `"model":"<name>"` member as vLLM's compact chunk JSON writes it."""
+    return json.dumps({"model": name}, separators=(",", ":"))[1:-1]
 
 
 def _wants_usage(body: dict[str, Any]) -> bool:

@@ -79,9 +79,13 @@ class SpeculationConfig(BaseModel):
     latencies_s: tuple[float, ...] = Field(
         default=(0.1, 0.5, 1.0, 3.0), description="Records-service latency per agent kind."
     )
-    programs_per_latency: int = Field(default=4, ge=1)
+    programs_per_latency: int = Field(
+        default=8,
+        ge=1,
+        description="Tasks per agent kind; the first of each kind teaches the learned predictor.",
+    )
     arrival_gap_s: float = Field(
-        default=15.0,
+        default=12.0,
         gt=0,
         description="Seconds between task arrivals: a steady trickle that leaves the two "
         "cores room, so the run measures latency rather than queueing.",

@@ -78,6 +78,10 @@ def test_the_draft_model_answers_requests_that_name_it(
         extra_headers={"X-Session-ID": program},
     )
     assert response.parse().model == draft
+    streamed = client.chat.completions.create(
+        model=draft, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, stream=True
+    )
+    assert {chunk.model for chunk in streamed} == {draft}
     engines = httpx.get(cluster.health_url, timeout=30).json()["engines"]
     serving_role = "draft" if cluster_config.draft_replicas else "main"
     assert response.headers["x-toolserve-replica"] in {

@@ -397,7 +397,7 @@ def test_records_programs_declare_the_hosted_schema_of_their_latency() -> None:
         ToolsConfig.model_validate({"hosted": plan.toolserve_overrides["tools.hosted"]})
     ).openai_schemas()
     programs = plan.build(0)
-    assert len(programs) == 16
+    assert len(programs) == 32
     assert {program.agent_type for program in programs} == {
         "records-0.1s",
         "records-0.5s",
