@@ -273,6 +273,11 @@ class SystemSpec:
                     "main.engine.max_model_len": settings.max_model_len,
                     "main.engine.kv_cache_memory_bytes": settings.kv_cache_memory_bytes,
                     "main.engine.model": settings.model_path,
+                    **(
+                        {"draft.engine.model": settings.model_path}
+                        if base_config.get("draft_placement") == "main_replicas"
+                        else {}
+                    ),
                     "server.port": port,
                     "ray.metrics_export_port": metrics_port,
                     **self.overrides,
