@@ -500,6 +500,12 @@ class SpeculationConfig(_Strict):
     draft_max_tokens: int = Field(
         default=128, ge=8, description="Longest draft prediction, in tokens."
     )
+    draft_when: Literal["always", "no_learned_prediction"] = Field(
+        default="always",
+        description="Ask the draft for every request, or only when the learned "
+        "predictor has no call to start (the draft costs model time; where it shares "
+        "the cores with the main model, it slows the turn it predicts).",
+    )
     learned: bool = Field(
         default=True,
         description="Also predict from transitions learned online per agent kind "

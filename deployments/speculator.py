@@ -123,12 +123,16 @@ class Speculator:
         program_id: str,
         tenant: str,
     ) -> None:
+        learned_chosen: list[PredictedCall] = []
         if self._config.learned:
             learned = self._predictor.predict(
                 turn.agent, turn.last_call, self._config.learned_predictions, turn.user_text
             )
-            self._launch(self._policy.choose(learned, declared), program_id, tenant, turn)
+            learned_chosen = self._policy.choose(learned, declared)
+            self._launch(learned_chosen, program_id, tenant, turn)
         if self._draft is None or self._draft_model is None:
+            return
+        if not self._policy.asks_draft(learned_chosen):
             return
         request = draft_request(body, self._draft_model, self._config)
         if request is None:

@@ -78,6 +78,11 @@ class SpeculationPolicy:
             return self._config.moderate_min_confidence
         return 0.0
 
+    def asks_draft(self, learned_chosen: list[PredictedCall]) -> bool:
+        """Whether the turn is worth the draft's model time, given the learned
+        predictions already started."""
+        return self._config.draft_when == "always" or not learned_chosen
+
     def choose(
         self, predictions: list[PredictedCall], declared_hosted: set[str]
     ) -> list[PredictedCall]:

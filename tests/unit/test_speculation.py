@@ -106,6 +106,15 @@ def test_policy_runs_only_declared_side_effect_free_tools_confident_enough() -> 
     assert policy.choose([_predicted("calculator", expression="1")], {"read_file"}) == []
 
 
+def test_the_draft_is_asked_always_or_only_when_nothing_learned_was_started() -> None:
+    learned = [_predicted("calculator", expression="1+1")]
+    always = SpeculationPolicy(SpeculationConfig(), REGISTRY)
+    assert always.asks_draft(learned) and always.asks_draft([])
+    fallback = SpeculationPolicy(SpeculationConfig(draft_when="no_learned_prediction"), REGISTRY)
+    assert not fallback.asks_draft(learned)
+    assert fallback.asks_draft([])
+
+
 def test_settlement_matches_calls_canonically() -> None:
     issued = [_predicted("calculator", expression="6*7"), _predicted("read_file", path="a")]
     made = [ObservedCall("calculator", {"expression": "6*7"})]
