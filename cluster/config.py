@@ -617,7 +617,7 @@ class ToolserveConfig(_Strict):
     @property
     def names_served_by_main(self) -> list[str]:
         names = [self.main.engine.served_model_name]
-        if self.draft is not None and self.draft_placement == "main_replicas":
+        if self.draft is not None and self.draft_replicas is None:
             names.append(self.draft.engine.served_model_name)
         return names
 

@@ -310,8 +310,9 @@ class ModelServer:
             # Inside JSON strings quotes are escaped, so this fragment is only ever
             # the chunk's own model field.
             served = _model_field(self._deployment.engine.served_model_name)
+            renamed = _model_field(asked)
             async for chunk in result:
-                yield chunk.replace(served, _model_field(asked), 1)
+                yield chunk.replace(served, renamed, 1)
 
     async def _create(self, body: dict[str, Any]) -> Any:
         """One request to the engine through vLLM's chat front end: a reply, an
