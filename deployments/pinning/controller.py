@@ -76,6 +76,7 @@ class PinningStats:
     pinned_blocks: int = 0
     pinned_tokens: int = 0
     chosen_ttls_s: list[float] = field(default_factory=list)
+    kv_pressures: list[float] = field(default_factory=list)
     tool_durations_s: list[tuple[str, float]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -118,6 +119,10 @@ class PinningController:
     @property
     def pinned_blocks(self) -> int:
         return self._pinned_blocks
+
+    def pinned_blocks_of(self, program_id: str) -> int:
+        pin = self._pins.get(program_id)
+        return len(pin.blocks) if pin is not None else 0
 
     def _program(self, program_id: str, now: float) -> _Program:
         program = self._programs.get(program_id)
@@ -181,12 +186,15 @@ class PinningController:
         self._ledger_changes.append(LedgerChange(program_id, pin.expires_at, tokens))
         return True, released
 
-    def on_turn_ended(self, program_id: str, tool: str | None, now: float) -> list[Pin]:
+    def on_turn_ended(
+        self, program_id: str, tool: str | None, now: float, kv_pressure: float = 1.0
+    ) -> list[Pin]:
         """The front end parsed the finished turn: it called `tool`, or none (None).
 
         Either way the program may come back; the cost model sets the pin's TTL
         from how soon programs came back after such turns (or a fixed TTL until it
-        has seen enough). Programs end by the last-step hint or the client.
+        has seen enough) and how much others want the KV now (`kv_pressure`, see
+        `ttl_policy.kv_pressure`). Programs end by the last-step hint or the client.
         """
         tool = tool or NO_TOOL_CALL
         program = self._programs.get(program_id)
@@ -201,8 +209,9 @@ class PinningController:
         if pin is None:
             return []
         pin.tool = tool
-        ttl = self.cost_model.ttl(tool, pin.tokens)
+        ttl = self.cost_model.ttl(tool, pin.tokens, kv_pressure)
         self._stats.chosen_ttls_s.append(ttl)
+        self._stats.kv_pressures.append(kv_pressure)
         pin.expires_at = pin.created_at + ttl
         if pin.expires_at <= now:
             return self._release(program_id, ReleaseReason.EXPIRY)

@@ -20,7 +20,7 @@ from vllm.v1.request import Request, RequestStatus
 from deployments.pinning.controller import Pin, PinningController
 from deployments.pinning.ledger import LedgerPublisher
 from deployments.pinning.settings import LAST_STEP_ARG, EnginePinningSettings
-from deployments.pinning.ttl_policy import PrefillProfile, TtlCostModel
+from deployments.pinning.ttl_policy import PrefillProfile, TtlCostModel, kv_pressure
 
 logger = logging.getLogger("toolserve.pinning.scheduler")
 
@@ -101,6 +101,17 @@ class PinningSchedulerMixin:
         while self._pinning.pinned_blocks and self._block_pool.get_num_free_blocks() < needed:
             self._release(self._pinning.relieve_pressure())
 
+    def _kv_pressure(self, program_id: str) -> float:
+        base: Scheduler = self
+        return kv_pressure(
+            total_blocks=self._block_pool.num_gpu_blocks,
+            free_blocks=self._block_pool.get_num_free_blocks(),
+            waiting_blocks=sum(
+                math.ceil(request.num_tokens / base.block_size) for request in base.waiting
+            ),
+            own_blocks=self._pinning.pinned_blocks_of(program_id),
+        )
+
     def _free_blocks(self, request: Request) -> None:
         base: Scheduler = self
         self._awaiting_admission.pop(request.request_id, None)
@@ -137,7 +148,8 @@ class PinningSchedulerMixin:
         now = time.time()
         if operation == "turn_ended":
             program_id, tool = arguments
-            self._release(self._pinning.on_turn_ended(program_id, tool, now))
+            pressure = self._kv_pressure(program_id)
+            self._release(self._pinning.on_turn_ended(program_id, tool, now, pressure))
         elif operation == "end_program":
             (program_id,) = arguments
             self._release(self._pinning.end_program(program_id))

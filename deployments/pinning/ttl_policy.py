@@ -1,6 +1,6 @@
 """How long to keep a program's KV pinned while its tool runs (Continuum's cost model).
 
-    τ* = argmax_τ  P(τ, f) · (T · η + PrefillReload(r)) - τ
+    τ* = argmax_τ  P(τ, f) · (T · η + PrefillReload(r)) - K · τ
 
 P(τ, f) is the empirical CDF of tool f's observed durations: the chance the
 program is back within τ. A program not back after the longest TTL counts as an
@@ -8,7 +8,10 @@ infinite duration, so tools (and turns without a tool call) after which programs
 often stop get short pins or none. The bracket is what a return within the TTL saves: the
 queueing delay T a request pays when it lost its KV, scaled by how predictable
 the remaining work of programs is (η), plus re-prefilling the r-token context.
-τ costs the KV others could have used meanwhile, one second per second.
+τ costs the KV others could have used meanwhile: Continuum charges one second
+per second held; here the charge is scaled by the KV pressure K in [0, 1] (blocks
+in use by others and wanted by waiting requests, over the pool), since a pin
+on memory nobody wants delays nobody, and pressure releases pins anyway.
 """
 
 from __future__ import annotations
@@ -47,8 +50,20 @@ def empirical_cdf(samples: Sequence[float], value: float) -> float:
     return sum(1 for sample in samples if sample <= value) / len(samples)
 
 
-def best_ttl(durations: Sequence[float], benefit_s: float, max_ttl_s: float) -> float:
-    """The τ in {0} and the observed durations (up to max_ttl_s) maximising P(τ)·benefit - τ.
+def kv_pressure(total_blocks: int, free_blocks: int, waiting_blocks: int, own_blocks: int) -> float:
+    """Share of the KV pool others hold or wait for: blocks in use (not counting the
+    pin's own `own_blocks`) plus blocks waiting requests need, over the pool, in [0, 1]."""
+    if total_blocks <= 0:
+        return 1.0
+    wanted = total_blocks - free_blocks - own_blocks + waiting_blocks
+    return min(1.0, max(0.0, wanted / total_blocks))
+
+
+def best_ttl(
+    durations: Sequence[float], benefit_s: float, max_ttl_s: float, holding_cost: float = 1.0
+) -> float:
+    """The τ in {0} and the observed durations (up to max_ttl_s) maximising
+    P(τ)·benefit - holding_cost·τ.
 
     The objective only rises at observed durations and falls in between, so the
     optimum is one of them or 0; ties go to the shorter TTL.
@@ -57,7 +72,7 @@ def best_ttl(durations: Sequence[float], benefit_s: float, max_ttl_s: float) -> 
     for candidate in sorted(set(durations)):
         if candidate > max_ttl_s:
             break
-        value = empirical_cdf(durations, candidate) * benefit_s - candidate
+        value = empirical_cdf(durations, candidate) * benefit_s - holding_cost * candidate
         if value > best_value:
             best, best_value = candidate, value
     return best
@@ -130,11 +145,11 @@ class TtlCostModel:
         profile = self.prefill_profile
         return profile.seconds(context_tokens) if profile is not None else 0.0
 
-    def ttl(self, tool: str | None, context_tokens: int) -> float:
+    def ttl(self, tool: str | None, context_tokens: int, kv_pressure: float = 1.0) -> float:
         durations = self._tool_durations.get(tool) if tool is not None else None
         if not self._use_cost_model or durations is None or len(durations) < self._min_tool_samples:
             return self._fixed_ttl_s
         benefit = self.mean_queueing_delay_s * self.memoryfulness + self.prefill_reload_s(
             context_tokens
         )
-        return best_ttl(list(durations), benefit, self.max_ttl_s)
+        return best_ttl(list(durations), benefit, self.max_ttl_s, kv_pressure)

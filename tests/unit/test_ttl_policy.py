@@ -7,6 +7,7 @@ from deployments.pinning.ttl_policy import (
     TtlCostModel,
     best_ttl,
     empirical_cdf,
+    kv_pressure,
     memoryfulness,
 )
 
@@ -50,6 +51,37 @@ def test_best_ttl_is_capped() -> None:
 
 def test_best_ttl_is_zero_when_every_tool_is_slower_than_its_benefit() -> None:
     assert best_ttl([5.0, 6.0, 7.0], benefit_s=4, max_ttl_s=60) == 0.0
+
+
+def test_best_ttl_holds_longer_when_nobody_wants_the_memory() -> None:
+    durations = [1.0] * 5 + [20.0] * 5
+    # Full pressure: τ=1 gives 4, τ=20 gives -10. At 0.1: τ=1 gives 4.9, τ=20 gives 8.
+    assert best_ttl(durations, benefit_s=10, max_ttl_s=60, holding_cost=1.0) == 1.0
+    assert best_ttl(durations, benefit_s=10, max_ttl_s=60, holding_cost=0.1) == 20.0
+    # Free memory: the shortest TTL covering every return within the cap.
+    assert best_ttl(durations, benefit_s=10, max_ttl_s=60, holding_cost=0.0) == 20.0
+    assert best_ttl([*durations, math.inf], benefit_s=10, max_ttl_s=60, holding_cost=0.0) == 20.0
+    # Still nothing to gain, still no pin.
+    assert best_ttl(durations, benefit_s=0, max_ttl_s=60, holding_cost=0.0) == 0.0
+
+
+def test_kv_pressure_counts_what_others_hold_and_wait_for() -> None:
+    assert kv_pressure(total_blocks=100, free_blocks=100, waiting_blocks=0, own_blocks=0) == 0.0
+    # 40 in use, 10 of them the pin's own: 30 wanted by others.
+    assert kv_pressure(total_blocks=100, free_blocks=60, waiting_blocks=0, own_blocks=10) == 0.3
+    assert kv_pressure(total_blocks=100, free_blocks=60, waiting_blocks=20, own_blocks=10) == 0.5
+    assert kv_pressure(total_blocks=100, free_blocks=0, waiting_blocks=500, own_blocks=10) == 1.0
+    assert kv_pressure(total_blocks=0, free_blocks=0, waiting_blocks=0, own_blocks=0) == 1.0
+
+
+def test_cost_model_scales_the_holding_cost_by_pressure() -> None:
+    ttl_model = model()
+    for duration in [1.0, 1.0, 20.0, 20.0]:
+        ttl_model.observe_tool_duration("build", duration)
+    ttl_model.observe_queueing_delay_without_kv(10.0)
+    assert ttl_model.ttl("build", 1000) == 1.0
+    assert ttl_model.ttl("build", 1000, kv_pressure=1.0) == 1.0
+    assert ttl_model.ttl("build", 1000, kv_pressure=0.2) == 20.0
 
 
 def test_best_ttl_without_samples_is_zero() -> None:
