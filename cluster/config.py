@@ -547,6 +547,12 @@ class ToolsConfig(_Strict):
     cache: ToolCacheConfig = Field(
         default_factory=ToolCacheConfig, description="Global tool cache."
     )
+    state_ttl_s: float = Field(
+        default=3600,
+        gt=0,
+        description="How long a program's stateful-tool state (and scenario) is kept "
+        "after its last change; `DELETE /v1/sessions/{program}` drops it at once.",
+    )
     continuation: ContinuationConfig = Field(
         default_factory=ContinuationConfig, description="Engine-side continuation."
     )

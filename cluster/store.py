@@ -1,19 +1,24 @@
 """The one module that talks to Redis. Every call degrades to "no answer" when
-Redis is unreachable; callers never fail because the store is down."""
+Redis is unreachable; callers never fail because the store is down, except for
+stateful tools' state, which is never silently dropped (`RedisToolStateStore`)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+
+from toolworkers.tool_state import SlotContents, ToolStateUnavailable
 
 logger = logging.getLogger("toolserve.store")
 
@@ -470,6 +475,97 @@ class ToolCache:
                 return None
             await asyncio.sleep(min(pause_s, remaining))
             pause_s = min(pause_s * 2, 0.05)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+_TOOL_STATE_PREFIX = "toolserve:tool-state:"
+_TOOL_STATE_LOCK_PREFIX = "toolserve:tool-state-lock:"
+_RELEASE_IF_HOLDER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class RedisToolStateStore:
+    """Stateful tools' slots (see `toolworkers.tool_state`): one hash per tenant and
+    program (`value:<slot>`, `scenario:<slot>`), kept `ttl_s` after its last write,
+    and a lock with a lease per program. Redis being down fails the call that needs
+    the state (`ToolStateUnavailable`) rather than run it on a state it cannot keep."""
+
+    def __init__(self, url: str, ttl_s: float):
+        self._client = aioredis.Redis.from_url(
+            url, socket_timeout=_SOCKET_TIMEOUT_S, socket_connect_timeout=_SOCKET_TIMEOUT_S
+        )
+        self._ttl_ms = max(1, int(ttl_s * 1000))
+        self._release = self._client.register_script(_RELEASE_IF_HOLDER)
+
+    @staticmethod
+    def _key(tenant: str, program_id: str) -> str:
+        return f"{_TOOL_STATE_PREFIX}{tenant}:{program_id}"
+
+    @contextlib.asynccontextmanager
+    async def hold(self, tenant: str, program_id: str, lease_s: float) -> AsyncIterator[None]:
+        lock_key = f"{_TOOL_STATE_LOCK_PREFIX}{tenant}:{program_id}"
+        token = uuid.uuid4().hex
+        deadline = time.monotonic() + lease_s
+        pause_s = 0.005
+        try:
+            while not await self._client.set(lock_key, token, nx=True, px=int(lease_s * 1000)):
+                if time.monotonic() >= deadline:
+                    raise ToolStateUnavailable(f"program {program_id!r} is busy with another call")
+                await asyncio.sleep(pause_s)
+                pause_s = min(pause_s * 2, 0.05)
+        except (RedisError, OSError) as error:
+            raise ToolStateUnavailable(f"Redis: {type(error).__name__}: {error}") from error
+        try:
+            yield
+        finally:
+            try:
+                await self._release(keys=[lock_key], args=[token])
+            except (RedisError, OSError) as error:
+                logger.warning("tool state: lock of %s left to expire: %s", program_id, error)
+
+    async def load(self, tenant: str, program_id: str, slot: str) -> SlotContents:
+        try:
+            value, scenario = await self._client.hmget(
+                self._key(tenant, program_id), [f"value:{slot}", f"scenario:{slot}"]
+            )
+        except (RedisError, OSError) as error:
+            raise ToolStateUnavailable(f"Redis: {type(error).__name__}: {error}") from error
+        return SlotContents(
+            None if value is None else _text(value),
+            None if scenario is None else json.loads(scenario),
+        )
+
+    async def _write(
+        self, tenant: str, program_id: str, fields: dict[Any, str], dropped: tuple[str, ...] = ()
+    ) -> None:
+        key = self._key(tenant, program_id)
+        try:
+            async with self._client.pipeline(transaction=True) as pipeline:
+                if dropped:
+                    pipeline.hdel(key, *dropped)
+                pipeline.hset(key, mapping=fields)
+                pipeline.pexpire(key, self._ttl_ms)
+                await pipeline.execute()
+        except (RedisError, OSError) as error:
+            raise ToolStateUnavailable(f"Redis: {type(error).__name__}: {error}") from error
+
+    async def save(self, tenant: str, program_id: str, slot: str, value: str) -> None:
+        await self._write(tenant, program_id, {f"value:{slot}": value})
+
+    async def set_scenario(self, tenant: str, program_id: str, slot: str, scenario: Any) -> None:
+        await self._write(
+            tenant, program_id, {f"scenario:{slot}": json.dumps(scenario)}, (f"value:{slot}",)
+        )
+
+    async def clear(self, tenant: str, program_id: str) -> None:
+        try:
+            await self._client.delete(self._key(tenant, program_id))
+        except (RedisError, OSError) as error:
+            raise ToolStateUnavailable(f"Redis: {type(error).__name__}: {error}") from error
 
     async def close(self) -> None:
         await self._client.aclose()

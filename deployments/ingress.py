@@ -4,6 +4,7 @@ forwards to main-model replicas and relays their replies (JSON or SSE)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -33,12 +34,14 @@ from deployments.speculator import SpeculationTurn, Speculator
 from deployments.tool_api import (
     PostedToolOutput,
     parse_tool_outputs,
+    parse_tool_state,
     pop_turn_options,
     tenant_of,
 )
 from toolworkers.cache_keys import ArgumentsError, normalized_arguments
 from toolworkers.predictor import ObservedCall
 from toolworkers.speculation import StreamedCalls, reply_calls
+from toolworkers.tool_state import ToolStateUnavailable
 
 SESSION_HEADER = "X-Session-ID"
 ONESHOT_PREFIX = "oneshot-"
@@ -391,9 +394,9 @@ class OpenAIIngress:
                 return stream, head
 
     @app.delete("/v1/sessions/{program_id}")
-    async def end_session(self, program_id: str) -> Response:
+    async def end_session(self, program_id: str, request: Request) -> Response:
         """The client's agent is done: release the program's pinned KV now, on
-        whichever replica holds it."""
+        whichever replica holds it, and drop its stateful tools' state."""
         route = "sessions"
         try:
             ended = PinningControl("end_program", program_id)
@@ -403,8 +406,34 @@ class OpenAIIngress:
             unavailable = engine_not_ready(f"model replica unavailable: {type(error).__name__}")
             self._count(route, unavailable.status)
             return error_response(unavailable)
+        tenant = tenant_of(request.headers.get("authorization"))
+        with contextlib.suppress(ToolStateUnavailable):  # it expires with its TTL
+            await self._tools.states.clear(tenant, program_id)
         self._count(route, 200)
         return JSONResponse({"id": program_id, "object": "session", "deleted": True})
+
+    @app.put("/v1/sessions/{program_id}/tool-state/{slot}")
+    async def set_tool_state(self, program_id: str, slot: str, request: Request) -> Response:
+        """Starts a stateful tool slot of the program over from the scenario in the
+        body (for BFCL's backends, the class's `initial_config`)."""
+        route = "tool_state"
+        tenant = tenant_of(request.headers.get("authorization"))
+        try:
+            scenario = parse_tool_state(
+                await request.body(), slot, self._tools.registry.state_slots()
+            )
+            await self._tools.states.set_scenario(tenant, program_id, slot, scenario)
+        except RequestRejected as rejected:
+            self._count(route, rejected.error.status)
+            return error_response(rejected.error)
+        except ToolStateUnavailable as error:
+            unavailable = ApiError(503, f"tool state unavailable: {error}", "state_unavailable")
+            self._count(route, unavailable.status)
+            return error_response(unavailable)
+        self._count(route, 200)
+        return JSONResponse(
+            {"object": "tool_state", "program_id": program_id, "slot": slot, "reset": True}
+        )
 
     @app.get("/v1/tools")
     async def hosted_tools(self) -> dict[str, Any]:

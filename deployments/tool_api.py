@@ -1,5 +1,6 @@
 """Request-side pieces of the tool API: who is calling (tenant), a turn's
-`toolserve` options, and the body of `POST /cache-tool-output/{response_id}`."""
+`toolserve` options, the body of `POST /cache-tool-output/{response_id}` and
+that of `PUT /v1/sessions/{program_id}/tool-state/{slot}`."""
 
 from __future__ import annotations
 
@@ -76,12 +77,35 @@ def unprocessable(message: str) -> ApiError:
     return ApiError(422, message, "unprocessable_entity")
 
 
-def parse_tool_outputs(raw: bytes) -> list[PostedToolOutput]:
-    """A `/cache-tool-output` body: a JSON array of `{name, params?, output, keep_alive?}`."""
+def _json_body(raw: bytes) -> Any:
     try:
-        body = json.loads(raw)
+        return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise RequestRejected(unprocessable(f"Request body is not valid JSON: {error}")) from error
+
+
+def parse_tool_state(raw: bytes, slot: str, known_slots: list[str]) -> dict[str, Any]:
+    """A stateful tool slot's scenario: a JSON object (what BFCL calls a class's
+    `initial_config`), for a slot some hosted tool keeps its state in."""
+    if slot not in known_slots:
+        known = ", ".join(known_slots) or "none"
+        raise RequestRejected(
+            ApiError(
+                404,
+                f"No hosted tool keeps state in slot {slot!r}; slots: {known}",
+                "not_found",
+                "slot",
+            )
+        )
+    scenario = _json_body(raw)
+    if not isinstance(scenario, dict):
+        raise RequestRejected(unprocessable("Request body must be a JSON object (the scenario)"))
+    return scenario
+
+
+def parse_tool_outputs(raw: bytes) -> list[PostedToolOutput]:
+    """A `/cache-tool-output` body: a JSON array of `{name, params?, output, keep_alive?}`."""
+    body = _json_body(raw)
     if not isinstance(body, list):
         raise RequestRejected(
             unprocessable(

@@ -1,7 +1,8 @@
 """Hosted tool calls, each run at most once per canonical call across the cluster:
 a cached result is reused, a call another process is running is awaited, and
 otherwise the call runs on the tool workers and its result is cached for the
-tool's keep-alive. Only side-effect-free tools are cached; the others just run."""
+tool's keep-alive. Only side-effect-free tools are cached; the others just run,
+stateful ones one at a time per program, with their program's state slot."""
 
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ from cluster.store import CachedToolResult, ToolCache
 from toolworkers.cache_keys import ArgumentsError, CacheScope, ToolCallKey, normalized_arguments
 from toolworkers.registry import HostedTool, ToolRegistry
 from toolworkers.sandbox import SandboxCall, ToolResult
+from toolworkers.tool_state import ToolStateStore, ToolStateUnavailable
 
 RunCall = Callable[[SandboxCall], Awaitable[ToolResult]]
 
 # A failed call is shared with those already waiting for it, then retried by the
 # next requester rather than served from the cache for the tool's whole keep-alive.
 _ERROR_KEEP_ALIVE_S = 2.0
+# Beyond the call's own timeout: a program's state lock outlives a call this long.
+_STATE_LEASE_MARGIN_S = 5.0
 
 
 class ResultSource(StrEnum):
@@ -71,12 +75,14 @@ class ToolExecutor:
         run_call: RunCall,
         cache: ToolCache | None,
         cache_config: ToolCacheConfig,
+        states: ToolStateStore,
         observe: ToolObserver | None = None,
     ):
         self._registry = registry
         self._run_call = run_call
         self._cache = cache
         self._cache_config = cache_config
+        self._states = states
         self._observe = observe
 
     def cache_key(self, name: str, arguments: dict[str, Any], tenant: str, program_id: str) -> str:
@@ -90,6 +96,10 @@ class ToolExecutor:
     @property
     def registry(self) -> ToolRegistry:
         return self._registry
+
+    @property
+    def states(self) -> ToolStateStore:
+        return self._states
 
     async def post_client_result(
         self,
@@ -178,11 +188,30 @@ class ToolExecutor:
                 ToolResult(False, str(error), "bad_arguments", 0.0), ResultSource.UNCACHED
             )
         call = SandboxCall(tool.function_reference, parsed, tool.options, tool.spec.timeout_s)
+        if tool.spec.state_slot is not None:
+            result = await self._run_stateful(call, tool.spec.state_slot, tenant, program_id)
+            return ToolOutcome(result, ResultSource.UNCACHED, origin)
         if self._cache is None or not tool.spec.side_effect_free:
             return ToolOutcome(await self._run_call(call), ResultSource.UNCACHED, origin)
         return await self._single_flight(
             self._cache, self.cache_key(name, parsed, tenant, program_id), tool, call, origin
         )
+
+    async def _run_stateful(
+        self, call: SandboxCall, slot: str, tenant: str, program_id: str
+    ) -> ToolResult:
+        try:
+            lease_s = call.timeout_s + _STATE_LEASE_MARGIN_S
+            async with self._states.hold(tenant, program_id, lease_s):
+                contents = await self._states.load(tenant, program_id, slot)
+                result = await self._run_call(replace(call, state=contents))
+                if result.ok and result.state is not None:
+                    await self._states.save(tenant, program_id, slot, result.state)
+        except ToolStateUnavailable as error:
+            return ToolResult(
+                False, f"the tool's state is unavailable: {error}", "state_unavailable", 0.0
+            )
+        return replace(result, state=None)
 
     async def _single_flight(
         self, cache: ToolCache, key: str, tool: HostedTool, call: SandboxCall, origin: str

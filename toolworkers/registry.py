@@ -1,6 +1,7 @@
 """Hosted tools: Python callables that declare their schema and properties with
-`@hosted_tool`, named in configuration (`tools.hosted`) and resolved into a
-`ToolRegistry`. Only side-effect-free tools may be speculated or cached."""
+`@hosted_tool`, named in configuration (`tools.hosted`, one by one or as a
+`ToolSet`) and resolved into a `ToolRegistry`. Only side-effect-free tools may be
+speculated or cached; stateful tools (a `state_slot`) never are."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ if TYPE_CHECKING:
     from cluster.config import ToolsConfig
 
 _SPEC_ATTRIBUTE = "__toolserve_tool__"
+
+
+class RegistryError(ValueError):
+    """A configured tool cannot be resolved or clashes with another."""
 
 
 class CostClass(StrEnum):
@@ -41,6 +46,14 @@ class ToolSpec:
     timeout_s: float = 10.0
     accepts_partial_input: bool = False
     program_scoped: bool = True
+    state_slot: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.state_slot is not None and self.side_effect_free:
+            raise RegistryError(
+                f"tool {self.name!r} keeps state in slot {self.state_slot!r}, so it "
+                "cannot be side-effect-free (its calls change what later calls see)"
+            )
 
     def openai_schema(self) -> dict[str, Any]:
         return openai_function_schema(self.name, self.description, self.parameters)
@@ -59,10 +72,14 @@ def hosted_tool(
     timeout_s: float = 10.0,
     accepts_partial_input: bool = False,
     program_scoped: bool = True,
+    state_slot: str | None = None,
 ) -> Callable[[F], F]:
     """Declares a function a hosted tool. `program_scoped`: its result depends on
     the calling program's state, so cached results are shared only within that
-    program (else within the tenant)."""
+    program (else within the tenant). `state_slot`: the tool keeps per-program
+    state under this name, shared by every tool of the slot; it is called with a
+    `state` keyword (`toolworkers.tool_state.ToolState`) and runs one call of the
+    program at a time."""
 
     def declare(function: F) -> F:
         spec = ToolSpec(
@@ -74,6 +91,7 @@ def hosted_tool(
             timeout_s=timeout_s,
             accepts_partial_input=accepts_partial_input,
             program_scoped=program_scoped,
+            state_slot=state_slot,
         )
         setattr(function, _SPEC_ATTRIBUTE, spec)
         return function
@@ -81,12 +99,18 @@ def hosted_tool(
     return declare
 
 
-class RegistryError(ValueError):
-    """A configured tool cannot be resolved or clashes with another."""
+class ToolSet:
+    """Hosted tools configured under one reference (`package.module:set`); each is
+    also reachable as `package.module:set.attribute`, which the sandbox imports."""
+
+    def __init__(self, tools: dict[str, Callable[..., Any]]):
+        self.attributes = list(tools)
+        for attribute, function in tools.items():
+            setattr(self, attribute, function)
 
 
-def resolve_function(reference: str) -> Callable[..., Any]:
-    """`package.module:attribute` to the callable it names."""
+def resolve_reference(reference: str) -> Any:
+    """`package.module:attribute[.attribute...]` to the object it names."""
     module_name, separator, attribute = reference.partition(":")
     if not separator or not module_name or not attribute:
         raise RegistryError(f"{reference!r} is not of the form 'package.module:function'")
@@ -95,12 +119,29 @@ def resolve_function(reference: str) -> Callable[..., Any]:
     except ImportError as error:
         raise RegistryError(f"cannot import {module_name!r} for {reference!r}: {error}") from error
     for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise RegistryError(f"{module_name!r} has no {attribute!r}")
-        target = getattr(target, part)
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise RegistryError(f"{module_name!r} has no {attribute!r}") from None
+    return target
+
+
+def resolve_function(reference: str) -> Callable[..., Any]:
+    """`package.module:attribute` to the callable it names."""
+    target = resolve_reference(reference)
     if not callable(target):
         raise RegistryError(f"{reference!r} is not callable")
     return target  # type: ignore[no-any-return]
+
+
+def _declared_functions(reference: str) -> list[tuple[str, Callable[..., Any]]]:
+    """(reference, function) of a configured tool, or of every tool of a tool set."""
+    target = resolve_reference(reference)
+    if isinstance(target, ToolSet):
+        return [(f"{reference}.{name}", getattr(target, name)) for name in target.attributes]
+    if not callable(target):
+        raise RegistryError(f"{reference!r} is neither a function nor a ToolSet")
+    return [(reference, target)]
 
 
 def declared_spec(function: Callable[..., Any], reference: str) -> ToolSpec:
@@ -135,19 +176,23 @@ class ToolRegistry:
     def from_config(cls, config: ToolsConfig) -> ToolRegistry:
         tools = []
         for entry in config.hosted:
-            spec = declared_spec(resolve_function(entry.function), entry.function)
-            spec = replace(
-                spec,
-                name=entry.name or spec.name,
-                timeout_s=entry.timeout_s or spec.timeout_s,
-                side_effect_free=(
-                    spec.side_effect_free
-                    if entry.side_effect_free is None
-                    else entry.side_effect_free
-                ),
-            )
-            keep_alive = entry.keep_alive_s or config.cache.keep_alive_s
-            tools.append(HostedTool(spec, entry.function, dict(entry.options), keep_alive))
+            functions = _declared_functions(entry.function)
+            if entry.name is not None and len(functions) != 1:
+                raise RegistryError(f"{entry.function!r} is a tool set: it cannot take a `name`")
+            for reference, function in functions:
+                spec = declared_spec(function, reference)
+                spec = replace(
+                    spec,
+                    name=entry.name or spec.name,
+                    timeout_s=entry.timeout_s or spec.timeout_s,
+                    side_effect_free=(
+                        spec.side_effect_free
+                        if entry.side_effect_free is None
+                        else entry.side_effect_free
+                    ),
+                )
+                keep_alive = entry.keep_alive_s or config.cache.keep_alive_s
+                tools.append(HostedTool(spec, reference, dict(entry.options), keep_alive))
         return cls(tools)
 
     def get(self, name: str) -> HostedTool | None:
@@ -160,6 +205,12 @@ class ToolRegistry:
         """May this tool run before the model (or client) asks for it?"""
         tool = self._tools.get(name)
         return tool is not None and tool.spec.side_effect_free
+
+    def state_slots(self) -> list[str]:
+        """Slots the stateful tools keep per-program state in."""
+        return sorted(
+            {tool.spec.state_slot for tool in self._tools.values() if tool.spec.state_slot}
+        )
 
     def openai_schemas(self) -> list[dict[str, Any]]:
         return [tool.spec.openai_schema() for tool in self._tools.values()]

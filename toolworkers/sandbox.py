@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.config import SandboxLimits
+from toolworkers.tool_state import SlotContents
 
 logger = logging.getLogger("toolserve.toolworkers")
 
@@ -33,43 +34,30 @@ _READ_CHUNK = 65536
 
 @dataclass(frozen=True)
 class ToolResult:
-    """`output` is the tool's text when `ok`, else what went wrong, for the model."""
+    """`output` is the tool's text when `ok`, else what went wrong, for the model;
+    `state`: what a stateful tool's call left in its slot (encoded), for the executor."""
 
     ok: bool
     output: str
     error_kind: str | None
     duration_s: float
+    state: str | None = None
 
     def for_model(self) -> str:
         return self.output if self.ok else f"error: {self.output}"
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "output": self.output,
-            "error_kind": self.error_kind,
-            "duration_s": self.duration_s,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ToolResult:
-        return cls(
-            ok=bool(data["ok"]),
-            output=str(data["output"]),
-            error_kind=data.get("error_kind"),
-            duration_s=float(data.get("duration_s", 0.0)),
-        )
-
 
 @dataclass(frozen=True)
 class SandboxCall:
-    """One call: the function the child imports, the model's arguments, and the
-    options configuration binds to every call of the tool."""
+    """One call: the function the child imports, the model's arguments, the
+    options configuration binds to every call of the tool, and for a stateful
+    tool its program's slot."""
 
     function_reference: str
     arguments: dict[str, Any]
     options: dict[str, Any]
     timeout_s: float
+    state: SlotContents | None = None
 
 
 def _zygote_environment() -> dict[str, str]:
@@ -244,23 +232,25 @@ def _kill_group(pid: int) -> None:
 async def run_sandboxed(call: SandboxCall, limits: SandboxLimits) -> ToolResult:
     started = time.monotonic()
 
-    def result(ok: bool, output: str, error_kind: str | None) -> ToolResult:
-        return ToolResult(ok, output, error_kind, time.monotonic() - started)
+    def result(
+        ok: bool, output: str, error_kind: str | None, state: str | None = None
+    ) -> ToolResult:
+        return ToolResult(ok, output, error_kind, time.monotonic() - started, state)
 
-    request = json.dumps(
-        {
-            "function": call.function_reference,
-            "arguments": call.arguments,
-            "options": call.options,
-            "limits": {
-                "memory_mb": limits.memory_mb,
-                "cpu_s": min(limits.cpu_s, call.timeout_s + 1),
-                "max_file_bytes": limits.max_file_bytes,
-                "network": limits.network,
-            },
+    request_fields: dict[str, Any] = {
+        "function": call.function_reference,
+        "arguments": call.arguments,
+        "options": call.options,
+        "limits": {
+            "memory_mb": limits.memory_mb,
+            "cpu_s": min(limits.cpu_s, call.timeout_s + 1),
+            "max_file_bytes": limits.max_file_bytes,
+            "network": limits.network,
         },
-        default=str,
-    ).encode()
+    }
+    if call.state is not None:
+        request_fields["state"] = {"value": call.state.value, "scenario": call.state.scenario}
+    request = json.dumps(request_fields, default=str).encode()
     workdir = tempfile.mkdtemp(prefix="toolserve-tool-")
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(shutil.rmtree, workdir, ignore_errors=True)
@@ -305,7 +295,9 @@ async def run_sandboxed(call: SandboxCall, limits: SandboxLimits) -> ToolResult:
             return result(False, f"the tool ran longer than {call.timeout_s:g} s", "timeout")
     try:
         reply = json.loads(output)
-        return result(bool(reply["ok"]), str(reply["output"]), reply.get("error_kind"))
+        return result(
+            bool(reply["ok"]), str(reply["output"]), reply.get("error_kind"), reply.get("state")
+        )
     except (ValueError, KeyError, TypeError):
         error_kind, reason = _exit_description(status, stderr_tail)
         return result(False, reason, error_kind)

@@ -1,8 +1,9 @@
 """What the process of one sandboxed tool call runs (forked by `toolworkers.sandbox_zygote`).
 
-Reads {"function", "arguments", "options", "limits"} as JSON on stdin, limits
-itself before importing the tool, runs it, and writes one JSON result on the
-stdout it started with; whatever the tool prints goes to stderr."""
+Reads {"function", "arguments", "options", "limits", "state"?} as JSON on stdin,
+limits itself before importing the tool, runs it, and writes one JSON result on
+the stdout it started with (with the state a stateful call left); whatever the
+tool prints goes to stderr."""
 
 from __future__ import annotations
 
@@ -47,12 +48,17 @@ def _failure(error_kind: str, message: str) -> dict[str, Any]:
 def _run(request: dict[str, Any]) -> dict[str, Any]:
     from toolworkers.builtin_tools import ToolError
     from toolworkers.registry import RegistryError, resolve_function
+    from toolworkers.tool_state import ToolState, decode_value, encode_value
 
     try:
         function = resolve_function(request["function"])
     except RegistryError as error:
         return _failure("unknown_tool", str(error))
-    arguments, options = request["arguments"], request["options"]
+    arguments, options = request["arguments"], dict(request["options"])
+    state = None
+    if "state" in request:
+        state = ToolState(decode_value(request["state"]["value"]), request["state"]["scenario"])
+        options["state"] = state
     try:
         inspect.signature(function).bind(**arguments, **options)
     except TypeError as error:
@@ -66,7 +72,10 @@ def _run(request: dict[str, Any]) -> dict[str, Any]:
     except Exception as error:
         return _failure("tool_error", f"{type(error).__name__}: {error}")
     text = output if isinstance(output, str) else json.dumps(output, default=str)
-    return {"ok": True, "error_kind": None, "output": text}
+    reply: dict[str, Any] = {"ok": True, "error_kind": None, "output": text}
+    if state is not None:
+        reply["state"] = encode_value(state.value)
+    return reply
 
 
 def main() -> None:

@@ -24,7 +24,8 @@ from typing import Any, NoReturn
 # Imported once here instead of in every call's child.
 import toolworkers.builtin_tools
 import toolworkers.hosted_tools
-import toolworkers.registry  # noqa: F401
+import toolworkers.registry
+import toolworkers.tool_state  # noqa: F401
 from toolworkers import sandbox_child
 
 _MAX_MESSAGE_BYTES = 1 << 16

@@ -8,10 +8,11 @@ import logging
 from typing import TYPE_CHECKING
 
 from cluster.config import SandboxLimits, ToolsConfig
-from cluster.store import ToolCache
+from cluster.store import RedisToolStateStore, ToolCache
 from toolworkers.execution import RunCall, ToolExecutor
 from toolworkers.registry import ToolRegistry
 from toolworkers.sandbox import SandboxCall, ToolResult, run_sandboxed
+from toolworkers.tool_state import LocalToolStateStore, ToolStateStore
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
@@ -59,15 +60,21 @@ def tool_executor(
     config: ToolsConfig, redis_url: str | None, workers: DeploymentHandle | None
 ) -> ToolExecutor:
     """The executor a deployment (a Ray actor) uses: hosted tools from `config`, run
-    on the pool, shared through the global tool cache when there is a Redis,
-    observed by the tool metrics."""
+    on the pool, shared through the global tool cache and stateful tools' state
+    kept in Redis when there is one, observed by the tool metrics."""
     from toolworkers.metrics import ToolMetrics
 
     cache = ToolCache(redis_url, config.cache.max_entries) if redis_url else None
+    states: ToolStateStore = (
+        RedisToolStateStore(redis_url, config.state_ttl_s)
+        if redis_url
+        else LocalToolStateStore(config.state_ttl_s)
+    )
     return ToolExecutor(
         ToolRegistry.from_config(config),
         worker_pool_runner(workers) if workers is not None else _no_workers,
         cache,
         config.cache,
+        states,
         ToolMetrics().observe,
     )

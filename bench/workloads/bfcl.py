@@ -5,17 +5,14 @@ Python backends (file system, messaging, trading, travel, vehicle, ...).
 BFCL's own dispatcher builds a Python expression from the model's call and
 `eval`s it; here a call is executed only if it names a documented function of
 one of the entry's classes, with the model's JSON arguments as keyword
-arguments."""
+arguments (`toolworkers.bfcl_tools`, which also hosts the backends as tools)."""
 
 from __future__ import annotations
 
-import copy
-import importlib
 import json
 import random
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,10 +24,17 @@ from bench.workloads.program import (
     ToolOutcome,
     TurnRequest,
     checked_call,
-    function_tool,
 )
+from toolworkers.bfcl_tools import (
+    data_file,
+    function_docs,
+    new_backend,
+    run_backend_function,
+    tool_set,
+)
+from toolworkers.builtin_tools import ToolError
+from toolworkers.registry import declared_spec
 
-_MAX_RESULT_CHARS = 2000
 SYSTEM_PROMPT = (
     "You are an assistant that completes the user's requests by calling the provided "
     "functions. Call functions when they are needed; when the request is done, reply "
@@ -57,73 +61,20 @@ class BfclConfig(BaseModel):
     max_tokens: int = Field(default=96, gt=0, description="Token cap of each model request.")
 
 
-def _backend_config() -> tuple[dict[str, str], dict[str, str]]:
-    from bfcl_eval.constants import executable_backend_config as backends
-
-    return backends.CLASS_FILE_PATH_MAPPING, backends.MULTI_TURN_FUNC_DOC_FILE_MAPPING
-
-
-def _gorilla_to_json_schema_types() -> dict[str, str]:
-    from bfcl_eval.constants.type_mappings import GORILLA_TO_OPENAPI
-
-    return dict(GORILLA_TO_OPENAPI)
-
-
-def _data_file(relative: str) -> str:
-    return resources.files("bfcl_eval").joinpath("data", relative).read_text()
-
-
 @cache
 def load_entries(category: str) -> tuple[dict[str, Any], ...]:
-    text = _data_file(f"BFCL_v4_multi_turn_{category}.json")
-    return tuple(json.loads(line) for line in text.splitlines() if line.strip())
-
-
-def to_json_schema(node: dict[str, Any], type_map: dict[str, str]) -> dict[str, Any]:
-    """A BFCL parameter description (Gorilla types) as JSON Schema."""
-    schema: dict[str, Any] = {}
-    if "type" in node:
-        schema["type"] = type_map.get(node["type"], "string")
-    for key in ("description", "enum", "required", "default"):
-        if key in node:
-            schema[key] = node[key]
-    if "items" in node:
-        schema["items"] = to_json_schema(node["items"], type_map)
-    if "properties" in node:
-        schema["properties"] = {
-            name: to_json_schema(child, type_map) for name, child in node["properties"].items()
-        }
-    return schema
-
-
-def _short_description(text: str) -> str:
-    # BFCL prefixes every function with its class's paragraph; the part after
-    # "Tool description:" is what distinguishes the function.
-    return text.split("Tool description:", 1)[-1].strip()
-
-
-@cache
-def function_docs(class_name: str) -> tuple[dict[str, Any], ...]:
-    _, doc_files = _backend_config()
-    text = _data_file(f"multi_turn_func_doc/{doc_files[class_name]}")
+    text = data_file(f"BFCL_v4_multi_turn_{category}.json")
     return tuple(json.loads(line) for line in text.splitlines() if line.strip())
 
 
 def tool_schemas(classes: list[str], excluded: list[str]) -> list[dict[str, Any]]:
-    type_map = _gorilla_to_json_schema_types()
-    tools = []
-    for class_name in classes:
-        for doc in function_docs(class_name):
-            if doc["name"] in excluded:
-                continue
-            tools.append(
-                function_tool(
-                    doc["name"],
-                    _short_description(doc["description"]),
-                    to_json_schema(doc["parameters"], type_map),
-                )
-            )
-    return tools
+    """The entry's functions as OpenAI tools, the same schemas the hosted BFCL tools declare."""
+    return [
+        declared_spec(getattr(tool_set(class_name), doc["name"]), doc["name"]).openai_schema()
+        for class_name in classes
+        for doc in function_docs(class_name)
+        if doc["name"] not in excluded
+    ]
 
 
 class SafeDispatcher:
@@ -131,26 +82,18 @@ class SafeDispatcher:
     arguments only, no `eval`."""
 
     def __init__(self, classes: list[str], initial_config: dict[str, Any], excluded: list[str]):
-        modules, _ = _backend_config()
-        self._functions: dict[str, Any] = {}
+        self._backends: dict[str, Any] = {}
         for class_name in classes:
-            instance = getattr(importlib.import_module(modules[class_name]), class_name)()
-            if hasattr(instance, "_load_scenario"):
-                instance._load_scenario(copy.deepcopy(initial_config.get(class_name, {})))
+            backend = new_backend(class_name, initial_config.get(class_name))
             for doc in function_docs(class_name):
                 if doc["name"] not in excluded:
-                    self._functions[doc["name"]] = getattr(instance, doc["name"])
+                    self._backends[doc["name"]] = backend
 
     def __call__(self, name: str, arguments: dict[str, Any]) -> str:
-        function = self._functions[name]
         try:
-            result = function(**arguments)
-        except TypeError:
-            raise
-        except Exception as error:
-            result = {"error": f"{type(error).__name__}: {error}"}
-        text = result if isinstance(result, str) else json.dumps(result, default=str)
-        return text[:_MAX_RESULT_CHARS]
+            return run_backend_function(self._backends[name], name, arguments)
+        except ToolError as error:
+            raise TypeError(str(error)) from error
 
 
 @dataclass

@@ -20,12 +20,12 @@ from bench.workloads.program import (
     ToolOutcome,
     TurnRequest,
     checked_call,
-    function_tool,
     named_tool,
 )
+from toolworkers.builtin_tools import openai_function_schema
 
 _OUTPUT_CHARS = 1500
-RUN_PYTHON = function_tool(
+RUN_PYTHON = openai_function_schema(
     "run_python",
     "Run a Python 3 script and return what it prints.",
     {

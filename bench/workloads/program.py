@@ -23,13 +23,6 @@ def named_tool(name: str) -> dict[str, Any]:
     return {"type": "function", "function": {"name": name}}
 
 
-def function_tool(name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {"name": name, "description": description, "parameters": parameters},
-    }
-
-
 @dataclass(frozen=True)
 class TurnRequest:
     """One model request of a program: the conversation so far is the program's."""

@@ -19,8 +19,8 @@ from bench.workloads.program import (
     ToolOutcome,
     TurnRequest,
     checked_call,
-    function_tool,
 )
+from toolworkers.builtin_tools import openai_function_schema
 
 
 class AgentProfile(BaseModel):
@@ -69,7 +69,7 @@ class TraceConfig(BaseModel):
 
 
 SWE_TOOLS = [
-    function_tool(
+    openai_function_schema(
         "read_file",
         "Read a file of the repository.",
         {
@@ -78,7 +78,7 @@ SWE_TOOLS = [
             "required": ["path"],
         },
     ),
-    function_tool(
+    openai_function_schema(
         "search_code",
         "Search the repository for a symbol or text.",
         {
@@ -87,7 +87,7 @@ SWE_TOOLS = [
             "required": ["query"],
         },
     ),
-    function_tool(
+    openai_function_schema(
         "run_tests",
         "Run the test suite, or one test file.",
         {
@@ -96,7 +96,7 @@ SWE_TOOLS = [
             "required": ["target"],
         },
     ),
-    function_tool(
+    openai_function_schema(
         "edit_file",
         "Replace a line of a file.",
         {
@@ -111,7 +111,7 @@ SWE_TOOLS = [
     ),
 ]
 ASSISTANT_TOOLS = [
-    function_tool(
+    openai_function_schema(
         "search_flights",
         "Find flights between two airports on a date.",
         {
@@ -124,7 +124,7 @@ ASSISTANT_TOOLS = [
             "required": ["origin", "destination", "date"],
         },
     ),
-    function_tool(
+    openai_function_schema(
         "get_weather",
         "Weather forecast for a city.",
         {
@@ -133,7 +133,7 @@ ASSISTANT_TOOLS = [
             "required": ["city"],
         },
     ),
-    function_tool(
+    openai_function_schema(
         "send_message",
         "Send a message to a contact.",
         {
@@ -142,7 +142,7 @@ ASSISTANT_TOOLS = [
             "required": ["to", "text"],
         },
     ),
-    function_tool(
+    openai_function_schema(
         "lookup_order",
         "Status of a customer order.",
         {

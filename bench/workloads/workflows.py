@@ -19,9 +19,9 @@ from bench.workloads.program import (
     ToolOutcome,
     TurnRequest,
     checked_call,
-    function_tool,
     named_tool,
 )
+from toolworkers.builtin_tools import openai_function_schema
 
 FINAL_ANSWER = "final_answer"
 BUG_FIX_STEPS = ("list_files", "read_test", "read_source", "run_tests", "edit_file", FINAL_ANSWER)
@@ -37,12 +37,12 @@ _STEP_TOOL = {
 }
 
 WORKFLOW_TOOLS = [
-    function_tool(
+    openai_function_schema(
         "list_files",
         "List the files of the repository.",
         {"type": "object", "properties": {"directory": {"type": "string"}}},
     ),
-    function_tool(
+    openai_function_schema(
         "read_file",
         "Show a file with line numbers.",
         {
@@ -51,7 +51,7 @@ WORKFLOW_TOOLS = [
             "required": ["path"],
         },
     ),
-    function_tool(
+    openai_function_schema(
         "edit_file",
         "Replace one line of a file.",
         {
@@ -64,7 +64,7 @@ WORKFLOW_TOOLS = [
             "required": ["path", "line", "text"],
         },
     ),
-    function_tool(
+    openai_function_schema(
         "run_tests",
         "Run the tests and show the result.",
         {

@@ -76,7 +76,7 @@ class PinningStats:
     pinned_blocks: int = 0
     pinned_tokens: int = 0
     chosen_ttls_s: list[float] = field(default_factory=list)
-    kv_pressures: list[float] = field(default_factory=list)
+    holding_costs: list[float] = field(default_factory=list)
     tool_durations_s: list[tuple[str, float]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -187,14 +187,15 @@ class PinningController:
         return True, released
 
     def on_turn_ended(
-        self, program_id: str, tool: str | None, now: float, kv_pressure: float = 1.0
+        self, program_id: str, tool: str | None, now: float, holding_cost: float = 1.0
     ) -> list[Pin]:
         """The front end parsed the finished turn: it called `tool`, or none (None).
 
         Either way the program may come back; the cost model sets the pin's TTL
         from how soon programs came back after such turns (or a fixed TTL until it
-        has seen enough) and how much others want the KV now (`kv_pressure`, see
-        `ttl_policy.kv_pressure`). Programs end by the last-step hint or the client.
+        has seen enough) and what holding the KV costs others now (`holding_cost`,
+        see `ttl_policy.displaced_share`). Programs end by the last-step hint or
+        the client.
         """
         tool = tool or NO_TOOL_CALL
         program = self._programs.get(program_id)
@@ -209,9 +210,9 @@ class PinningController:
         if pin is None:
             return []
         pin.tool = tool
-        ttl = self.cost_model.ttl(tool, pin.tokens, kv_pressure)
+        ttl = self.cost_model.ttl(tool, pin.tokens, holding_cost)
         self._stats.chosen_ttls_s.append(ttl)
-        self._stats.kv_pressures.append(kv_pressure)
+        self._stats.holding_costs.append(holding_cost)
         pin.expires_at = pin.created_at + ttl
         if pin.expires_at <= now:
             return self._release(program_id, ReleaseReason.EXPIRY)

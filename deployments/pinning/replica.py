@@ -24,7 +24,7 @@ logger = logging.getLogger("toolserve.pinning.replica")
 _STATS_PERIOD_S = 5.0
 CONTROL_OPERATIONS = ("end_program", "release_pin")
 _TTL_BOUNDARIES = [0.25, 0.5, 1, 2, 4, 8, 15, 30, 60]
-_PRESSURE_BOUNDARIES = [0.1, 0.25, 0.5, 0.75, 0.9, 1.0]
+_SHARE_BOUNDARIES = [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0]
 _TOOL_DURATION_BOUNDARIES = [0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120]
 
 
@@ -231,11 +231,11 @@ class _PinningMetrics:
             description="TTL chosen for each pin once its tool was known.",
             boundaries=_TTL_BOUNDARIES,
         )
-        self._kv_pressure = Histogram(
-            "toolserve_kv_pin_pressure",
-            description="KV pressure (share of the pool others hold or wait for) "
-            "at each TTL choice.",
-            boundaries=_PRESSURE_BOUNDARIES,
+        self._holding_cost = Histogram(
+            "toolserve_kv_pin_holding_cost",
+            description="Share of a pin's blocks waiting requests needed beyond the "
+            "free ones when its TTL was chosen (the cost model's charge per second held).",
+            boundaries=_SHARE_BOUNDARIES,
         )
         self._tool_duration = Histogram(
             "toolserve_tool_duration_s",
@@ -261,7 +261,7 @@ class _PinningMetrics:
         self._pinned_tokens.set(stats["pinned_tokens"])
         for ttl in stats["chosen_ttls_s"]:
             self._ttl.observe(ttl)
-        for pressure in stats["kv_pressures"]:
-            self._kv_pressure.observe(pressure)
+        for share in stats["holding_costs"]:
+            self._holding_cost.observe(share)
         for tool, duration in stats["tool_durations_s"]:
             self._tool_duration.observe(duration, tags={"tool": tool})

@@ -20,7 +20,7 @@ from vllm.v1.request import Request, RequestStatus
 from deployments.pinning.controller import Pin, PinningController
 from deployments.pinning.ledger import LedgerPublisher
 from deployments.pinning.settings import LAST_STEP_ARG, EnginePinningSettings
-from deployments.pinning.ttl_policy import PrefillProfile, TtlCostModel, kv_pressure
+from deployments.pinning.ttl_policy import PrefillProfile, TtlCostModel, displaced_share
 
 logger = logging.getLogger("toolserve.pinning.scheduler")
 
@@ -101,10 +101,9 @@ class PinningSchedulerMixin:
         while self._pinning.pinned_blocks and self._block_pool.get_num_free_blocks() < needed:
             self._release(self._pinning.relieve_pressure())
 
-    def _kv_pressure(self, program_id: str) -> float:
+    def _holding_cost(self, program_id: str) -> float:
         base: Scheduler = self
-        return kv_pressure(
-            total_blocks=self._block_pool.num_gpu_blocks,
+        return displaced_share(
             free_blocks=self._block_pool.get_num_free_blocks(),
             waiting_blocks=sum(
                 math.ceil(request.num_tokens / base.block_size) for request in base.waiting
@@ -148,8 +147,8 @@ class PinningSchedulerMixin:
         now = time.time()
         if operation == "turn_ended":
             program_id, tool = arguments
-            pressure = self._kv_pressure(program_id)
-            self._release(self._pinning.on_turn_ended(program_id, tool, now, pressure))
+            holding_cost = self._holding_cost(program_id)
+            self._release(self._pinning.on_turn_ended(program_id, tool, now, holding_cost))
         elif operation == "end_program":
             (program_id,) = arguments
             self._release(self._pinning.end_program(program_id))

@@ -1,6 +1,6 @@
 """How long to keep a program's KV pinned while its tool runs (Continuum's cost model).
 
-    τ* = argmax_τ  P(τ, f) · (T · η + PrefillReload(r)) - K · τ
+    τ* = argmax_τ  P(τ, f) · (T · η + PrefillReload(r)) - D · τ
 
 P(τ, f) is the empirical CDF of tool f's observed durations: the chance the
 program is back within τ. A program not back after the longest TTL counts as an
@@ -8,10 +8,11 @@ infinite duration, so tools (and turns without a tool call) after which programs
 often stop get short pins or none. The bracket is what a return within the TTL saves: the
 queueing delay T a request pays when it lost its KV, scaled by how predictable
 the remaining work of programs is (η), plus re-prefilling the r-token context.
-τ costs the KV others could have used meanwhile: Continuum charges one second
-per second held; here the charge is scaled by the KV pressure K in [0, 1] (blocks
-in use by others and wanted by waiting requests, over the pool), since a pin
-on memory nobody wants delays nobody, and pressure releases pins anyway.
+τ costs the KV others could have used meanwhile. Continuum charges one second
+per second held (D = 1). Here the charge is the share D of the pin's blocks that
+others' demand reaches now (`displaced_share`): a pin on memory nobody waits for
+delays nobody, and when demand grows the scheduler releases pins (latest-arrived
+program first) before a request waits for memory.
 """
 
 from __future__ import annotations
@@ -50,13 +51,13 @@ def empirical_cdf(samples: Sequence[float], value: float) -> float:
     return sum(1 for sample in samples if sample <= value) / len(samples)
 
 
-def kv_pressure(total_blocks: int, free_blocks: int, waiting_blocks: int, own_blocks: int) -> float:
-    """Share of the KV pool others hold or wait for: blocks in use (not counting the
-    pin's own `own_blocks`) plus blocks waiting requests need, over the pool, in [0, 1]."""
-    if total_blocks <= 0:
-        return 1.0
-    wanted = total_blocks - free_blocks - own_blocks + waiting_blocks
-    return min(1.0, max(0.0, wanted / total_blocks))
+def displaced_share(free_blocks: int, waiting_blocks: int, own_blocks: int) -> float:
+    """Share of a pin's `own_blocks` that waiting requests need beyond the free
+    blocks, in [0, 1]: what holding the pin costs per second, relative to
+    Continuum's full charge."""
+    if own_blocks <= 0:
+        return 0.0
+    return min(1.0, max(0.0, (waiting_blocks - free_blocks) / own_blocks))
 
 
 def best_ttl(
@@ -145,11 +146,11 @@ class TtlCostModel:
         profile = self.prefill_profile
         return profile.seconds(context_tokens) if profile is not None else 0.0
 
-    def ttl(self, tool: str | None, context_tokens: int, kv_pressure: float = 1.0) -> float:
+    def ttl(self, tool: str | None, context_tokens: int, holding_cost: float = 1.0) -> float:
         durations = self._tool_durations.get(tool) if tool is not None else None
         if not self._use_cost_model or durations is None or len(durations) < self._min_tool_samples:
             return self._fixed_ttl_s
         benefit = self.mean_queueing_delay_s * self.memoryfulness + self.prefill_reload_s(
             context_tokens
         )
-        return best_ttl(list(durations), benefit, self.max_ttl_s, kv_pressure)
+        return best_ttl(list(durations), benefit, self.max_ttl_s, holding_cost)

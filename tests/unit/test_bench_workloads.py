@@ -22,7 +22,6 @@ from bench.workloads.bfcl import (
     SafeDispatcher,
     generate_bfcl,
     load_entries,
-    to_json_schema,
     tool_schemas,
 )
 from bench.workloads.codegen import CodegenConfig, generate_codegen, run_python
@@ -209,31 +208,6 @@ def test_unknown_workflow_is_rejected() -> None:
 
 
 # --- BFCL --------------------------------------------------------------------
-
-
-def test_bfcl_types_become_json_schema() -> None:
-    schema = to_json_schema(
-        {
-            "type": "dict",
-            "properties": {
-                "amount": {"type": "float", "description": "Money."},
-                "tags": {"type": "array", "items": {"type": "string"}},
-                "extra": {"type": "dict", "properties": {"n": {"type": "integer"}}},
-            },
-            "required": ["amount"],
-        },
-        {"dict": "object", "float": "number", "array": "array", "string": "string",
-         "integer": "integer"},
-    )  # fmt: skip
-    assert schema == {
-        "type": "object",
-        "required": ["amount"],
-        "properties": {
-            "amount": {"type": "number", "description": "Money."},
-            "tags": {"type": "array", "items": {"type": "string"}},
-            "extra": {"type": "object", "properties": {"n": {"type": "integer"}}},
-        },
-    }
 
 
 def test_bfcl_tools_are_valid_schemas_without_excluded_functions() -> None:

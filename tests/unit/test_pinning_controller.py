@@ -167,7 +167,7 @@ def test_cost_model_ttl_after_enough_tool_samples() -> None:
     assert pins.pins[0].expires_at == 105.0
 
 
-def test_the_pressure_at_turn_end_sets_what_holding_costs() -> None:
+def test_the_holding_cost_at_turn_end_sets_the_ttl() -> None:
     pins = controller()
     pins.on_arrival("a", 0.0)
     for turn, gap in enumerate([1.0, 1.0, 20.0, 20.0]):
@@ -179,14 +179,14 @@ def test_the_pressure_at_turn_end_sets_what_holding_costs() -> None:
     assert pins.cost_model.mean_queueing_delay_s == 10.0
     pins.on_finished("a", blocks(4, "a"), 256, 1000.0, False)
     assert pins.pinned_blocks_of("a") == 4
-    pins.on_turn_ended("a", "build", 1000.0, kv_pressure=1.0)
+    pins.on_turn_ended("a", "build", 1000.0, holding_cost=1.0)
     assert pins.pins[0].expires_at == 1001.0  # half come back in 1 s; 20 s costs more
     pins.on_arrival("a", 1000.5)
     pins.on_admitted("a", 1000.5, 0)
     pins.on_finished("a", blocks(4, "a"), 256, 2000.0, False)
-    pins.on_turn_ended("a", "build", 2000.0, kv_pressure=0.1)
+    pins.on_turn_ended("a", "build", 2000.0, holding_cost=0.1)
     assert pins.pins[0].expires_at == 2020.0  # memory to spare: wait for the slow half
-    assert pins.take_stats().kv_pressures == [1.0, 1.0, 1.0, 1.0, 1.0, 0.1]
+    assert pins.take_stats().holding_costs == [1.0, 1.0, 1.0, 1.0, 1.0, 0.1]
 
 
 def test_queueing_delay_is_learned_from_returning_turns_that_lost_their_kv() -> None:

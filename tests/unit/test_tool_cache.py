@@ -14,6 +14,7 @@ from cluster.store import CachedToolResult, ToolCache
 from toolworkers.execution import ResultSource, ToolExecutor, ToolOutcome
 from toolworkers.registry import ToolRegistry
 from toolworkers.sandbox import SandboxCall, ToolResult, run_sandboxed
+from toolworkers.tool_state import LocalToolStateStore
 
 
 @pytest.fixture()
@@ -142,7 +143,10 @@ def test_concurrent_requesters_across_processes_run_a_call_once(
 
     async def scenario() -> list[tuple[str, ResultSource]]:
         caches = [ToolCache(cache_url, 1000) for _ in range(8)]
-        executors = [ToolExecutor(registry, sandboxed, cache, config.cache) for cache in caches]
+        executors = [
+            ToolExecutor(registry, sandboxed, cache, config.cache, LocalToolStateStore(60))
+            for cache in caches
+        ]
         # Key order and formatting differ between requesters; the call is the same.
         spellings = ['{"city": "Paris", "days": 2}', '{"days":2.0,"city":"Paris"}']
         outcomes = await asyncio.gather(
@@ -164,7 +168,7 @@ def test_concurrent_requesters_across_processes_run_a_call_once(
 
     async def again() -> ResultSource:
         cache = ToolCache(cache_url, 1000)
-        executor = ToolExecutor(registry, sandboxed, cache, config.cache)
+        executor = ToolExecutor(registry, sandboxed, cache, config.cache, LocalToolStateStore(60))
         outcome = await executor.call(
             "slow_lookup", {"city": "Paris", "days": 2}, tenant="t", program_id=program
         )
@@ -191,7 +195,7 @@ def test_tools_with_side_effects_are_never_cached(cache_url: str, tmp_path: Path
 
     async def scenario() -> list[ResultSource]:
         cache = ToolCache(cache_url, 1000)
-        executor = ToolExecutor(registry, sandboxed, cache, config.cache)
+        executor = ToolExecutor(registry, sandboxed, cache, config.cache, LocalToolStateStore(60))
         sources = []
         for _ in range(2):
             outcome = await executor.call("append_line", {"text": "x"}, tenant="t", program_id="p")
@@ -212,7 +216,7 @@ def test_failures_are_shared_briefly_then_retried(cache_url: str, tmp_path: Path
 
     async def scenario() -> list[tuple[bool, ResultSource]]:
         cache = ToolCache(cache_url, 1000)
-        executor = ToolExecutor(registry, sandboxed, cache, config.cache)
+        executor = ToolExecutor(registry, sandboxed, cache, config.cache, LocalToolStateStore(60))
         program = unique("p")
         outcomes = [await executor.call("always_fails", {}, tenant="t", program_id=program)]
         outcomes.append(await executor.call("always_fails", {}, tenant="t", program_id=program))
@@ -236,7 +240,7 @@ def test_unknown_tools_and_bad_arguments_do_not_run(cache_url: str) -> None:
         raise AssertionError("nothing should run")
 
     async def scenario() -> tuple[str | None, str | None]:
-        executor = ToolExecutor(registry, must_not_run, None, config.cache)
+        executor = ToolExecutor(registry, must_not_run, None, config.cache, LocalToolStateStore(60))
         unknown = await executor.call("rm_rf", {}, tenant="t", program_id="p")
         malformed = await executor.call("calculator", "{oops", tenant="t", program_id="p")
         return unknown.result.error_kind, malformed.result.error_kind
@@ -253,7 +257,9 @@ def test_client_posted_results_answer_client_tools_of_their_program_only(cache_u
 
     async def scenario() -> None:
         cache = ToolCache(cache_url, 1000)
-        executor = ToolExecutor(registry, must_not_run, cache, config.cache)
+        executor = ToolExecutor(
+            registry, must_not_run, cache, config.cache, LocalToolStateStore(60)
+        )
         program = unique("p")
 
         async def resolve(
@@ -298,7 +304,7 @@ def test_resolve_runs_hosted_tools(cache_url: str) -> None:
 
     async def scenario() -> list[tuple[str, ResultSource]]:
         cache = ToolCache(cache_url, 1000)
-        executor = ToolExecutor(registry, sandboxed, cache, config.cache)
+        executor = ToolExecutor(registry, sandboxed, cache, config.cache, LocalToolStateStore(60))
         expression = f'{{"expression": "6*7+{uuid.uuid4().int % 1000}-0"}}'
         outcomes = []
         for _ in range(2):
@@ -334,7 +340,7 @@ def test_a_speculative_run_is_reused_with_its_origin_and_duration(
 
     async def scenario() -> tuple[ToolOutcome, ToolOutcome]:
         cache = ToolCache(cache_url, 1000)
-        executor = ToolExecutor(registry, sandboxed, cache, config.cache)
+        executor = ToolExecutor(registry, sandboxed, cache, config.cache, LocalToolStateStore(60))
         arguments = {"city": unique("city"), "days": 2}
         speculation = asyncio.create_task(
             executor.call(

@@ -6,8 +6,8 @@ from deployments.pinning.ttl_policy import (
     PrefillProfile,
     TtlCostModel,
     best_ttl,
+    displaced_share,
     empirical_cdf,
-    kv_pressure,
     memoryfulness,
 )
 
@@ -65,23 +65,22 @@ def test_best_ttl_holds_longer_when_nobody_wants_the_memory() -> None:
     assert best_ttl(durations, benefit_s=0, max_ttl_s=60, holding_cost=0.0) == 0.0
 
 
-def test_kv_pressure_counts_what_others_hold_and_wait_for() -> None:
-    assert kv_pressure(total_blocks=100, free_blocks=100, waiting_blocks=0, own_blocks=0) == 0.0
-    # 40 in use, 10 of them the pin's own: 30 wanted by others.
-    assert kv_pressure(total_blocks=100, free_blocks=60, waiting_blocks=0, own_blocks=10) == 0.3
-    assert kv_pressure(total_blocks=100, free_blocks=60, waiting_blocks=20, own_blocks=10) == 0.5
-    assert kv_pressure(total_blocks=100, free_blocks=0, waiting_blocks=500, own_blocks=10) == 1.0
-    assert kv_pressure(total_blocks=0, free_blocks=0, waiting_blocks=0, own_blocks=0) == 1.0
+def test_a_pin_costs_the_share_of_it_waiting_requests_need() -> None:
+    assert displaced_share(free_blocks=100, waiting_blocks=0, own_blocks=10) == 0.0
+    assert displaced_share(free_blocks=30, waiting_blocks=30, own_blocks=10) == 0.0
+    assert displaced_share(free_blocks=30, waiting_blocks=35, own_blocks=10) == 0.5
+    assert displaced_share(free_blocks=0, waiting_blocks=500, own_blocks=10) == 1.0
+    assert displaced_share(free_blocks=0, waiting_blocks=500, own_blocks=0) == 0.0
 
 
-def test_cost_model_scales_the_holding_cost_by_pressure() -> None:
+def test_cost_model_charges_the_holding_cost() -> None:
     ttl_model = model()
     for duration in [1.0, 1.0, 20.0, 20.0]:
         ttl_model.observe_tool_duration("build", duration)
     ttl_model.observe_queueing_delay_without_kv(10.0)
     assert ttl_model.ttl("build", 1000) == 1.0
-    assert ttl_model.ttl("build", 1000, kv_pressure=1.0) == 1.0
-    assert ttl_model.ttl("build", 1000, kv_pressure=0.2) == 20.0
+    assert ttl_model.ttl("build", 1000, holding_cost=1.0) == 1.0
+    assert ttl_model.ttl("build", 1000, holding_cost=0.2) == 20.0
 
 
 def test_best_ttl_without_samples_is_zero() -> None:
