@@ -178,8 +178,8 @@ class PinningConfig(_Strict):
     fixed_ttl_s: float = Field(
         default=2.0,
         ge=0,
-        description="TTL in `fixed` mode, and in `cost_model` mode for a tool with "
-        "fewer than `min_tool_samples` observed durations.",
+        description="TTL in `fixed` mode, and in `cost_model` mode until the tools "
+        "together have `min_tool_samples` observed durations.",
     )
     max_ttl_s: float = Field(
         default=30.0,
@@ -195,7 +195,10 @@ class PinningConfig(_Strict):
         "exceed it displaces pins of later-arrived programs or is not made.",
     )
     min_tool_samples: int = Field(
-        default=5, ge=1, description="Observed durations of a tool before the cost model is used."
+        default=5,
+        ge=1,
+        description="Observed durations of a tool before its own are used (before "
+        "that, every tool's together).",
     )
     sample_window: int = Field(
         default=256,

@@ -113,6 +113,9 @@ def _bfcl(size: Size) -> WorkloadPlan:
         build=lambda seed: generate_bfcl(config, seed),
         kv_cache_mib=256,
         max_model_len=4096,
+        # Every system's calls run on the client, with the same simulated latency;
+        # toolserve's hosted BFCL tools (same schemas) would run them server-side.
+        toolserve_overrides={"tools.hosted": []},
     )
 
 

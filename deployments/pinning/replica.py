@@ -24,7 +24,7 @@ logger = logging.getLogger("toolserve.pinning.replica")
 _STATS_PERIOD_S = 5.0
 CONTROL_OPERATIONS = ("end_program", "release_pin")
 _TTL_BOUNDARIES = [0.25, 0.5, 1, 2, 4, 8, 15, 30, 60]
-_SHARE_BOUNDARIES = [0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0]
+_SHARE_BOUNDARIES = [0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0]
 _TOOL_DURATION_BOUNDARIES = [0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120]
 
 

@@ -99,7 +99,9 @@ def memoryfulness(program_turns: Sequence[int]) -> float | None:
 
 
 class TtlCostModel:
-    """Learns from traffic and answers `ttl(tool, context_tokens)`."""
+    """Learns from traffic and answers `ttl(tool, context_tokens)`. A tool seen
+    fewer than `min_tool_samples` times is judged by every tool's durations
+    together (the fixed TTL only until those are enough)."""
 
     def __init__(
         self,
@@ -119,6 +121,7 @@ class TtlCostModel:
         self._tool_durations: defaultdict[str, deque[float]] = defaultdict(
             lambda: deque(maxlen=sample_window)
         )
+        self._all_durations: deque[float] = deque(maxlen=sample_window)
         self._queueing_delays: deque[float] = deque(maxlen=sample_window)
         self._program_turns: deque[int] = deque(maxlen=sample_window)
         self.prefill_profile: PrefillProfile | None = None
@@ -126,6 +129,7 @@ class TtlCostModel:
     def observe_tool_duration(self, tool: str, seconds: float) -> None:
         """`seconds` may be math.inf: the program did not come back."""
         self._tool_durations[tool].append(max(0.0, seconds))
+        self._all_durations.append(max(0.0, seconds))
 
     def observe_queueing_delay_without_kv(self, seconds: float) -> None:
         self._queueing_delays.append(max(0.0, seconds))
@@ -146,9 +150,17 @@ class TtlCostModel:
         profile = self.prefill_profile
         return profile.seconds(context_tokens) if profile is not None else 0.0
 
+    def _durations(self, tool: str | None) -> deque[float] | None:
+        if tool is None:
+            return None
+        for durations in (self._tool_durations.get(tool), self._all_durations):
+            if durations is not None and len(durations) >= self._min_tool_samples:
+                return durations
+        return None
+
     def ttl(self, tool: str | None, context_tokens: int, holding_cost: float = 1.0) -> float:
-        durations = self._tool_durations.get(tool) if tool is not None else None
-        if not self._use_cost_model or durations is None or len(durations) < self._min_tool_samples:
+        durations = self._durations(tool)
+        if not self._use_cost_model or durations is None:
             return self._fixed_ttl_s
         benefit = self.mean_queueing_delay_s * self.memoryfulness + self.prefill_reload_s(
             context_tokens

@@ -1,4 +1,5 @@
-"""Tenant identity, turn options and the `/cache-tool-output` body, without a cluster."""
+"""Tenant identity, turn options, the `/cache-tool-output` body and the tool-state
+body, without a cluster."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from deployments.tool_api import (
     PostedToolOutput,
     TurnOptions,
     parse_tool_outputs,
+    parse_tool_state,
     pop_turn_options,
     tenant_of,
 )
@@ -78,3 +80,17 @@ def test_malformed_tool_outputs_are_a_422(raw: bytes, fragment: str) -> None:
     assert error.status == 422
     assert fragment in error.message
     assert error.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_tool_state_is_a_json_object_for_a_known_slot() -> None:
+    scenario = {"root": {"alice": {"type": "directory", "contents": {}}}}
+    raw = json.dumps(scenario).encode()
+    assert parse_tool_state(raw, "GorillaFileSystem", ["GorillaFileSystem"]) == scenario
+    with pytest.raises(RequestRejected) as unknown:
+        parse_tool_state(raw, "Nope", ["GorillaFileSystem", "TradingBot"])
+    assert unknown.value.error.status == 404
+    assert "GorillaFileSystem, TradingBot" in unknown.value.error.message
+    for body in (b"[]", b'"text"', b"{", b"\xff"):
+        with pytest.raises(RequestRejected) as malformed:
+            parse_tool_state(body, "GorillaFileSystem", ["GorillaFileSystem"])
+        assert malformed.value.error.status == 422

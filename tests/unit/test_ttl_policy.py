@@ -124,6 +124,19 @@ def test_fixed_ttl_until_a_tool_has_enough_samples() -> None:
     assert ttl_model.ttl("search", 1000) == 2.0
 
 
+def test_a_new_tool_is_judged_by_every_tool_until_it_has_samples_of_its_own() -> None:
+    ttl_model = model()
+    ttl_model.observe_queueing_delay_without_kv(10.0)
+    for tool in ("ls", "cat", "grep"):
+        ttl_model.observe_tool_duration(tool, 4.0)
+    # Three returns in 4 s, none of them by `build`: that is the best guess.
+    assert ttl_model.ttl("build", 1000) == 4.0
+    for duration in [1.0, 1.0, 1.0]:
+        ttl_model.observe_tool_duration("build", duration)
+    assert ttl_model.ttl("build", 1000) == 1.0
+    assert ttl_model.ttl(None, 1000) == 2.0  # the tool is not known yet
+
+
 def test_cost_model_uses_queueing_delay_memoryfulness_and_prefill() -> None:
     ttl_model = model(sample_window=len(MEMORYLESS_PROGRAMS))
     for duration in [1.0, 1.0, 20.0, 20.0]:
