@@ -61,8 +61,9 @@ class ToolStateStore(Protocol):
     def hold(
         self, tenant: str, program_id: str, lease_s: float
     ) -> contextlib.AbstractAsyncContextManager[None]:
-        """Exclusive use of the program's slots for at most `lease_s` (a holder that
-        dies lets go when the lease ends)."""
+        """Exclusive use of the program's slots, waiting at most `lease_s` for it
+        (`ToolStateUnavailable` then); a holder that dies lets go when its lease
+        of `lease_s` ends."""
         ...
 
     async def load(self, tenant: str, program_id: str, slot: str) -> SlotContents: ...
@@ -84,42 +85,54 @@ class LocalToolStateStore:
     def __init__(self, ttl_s: float):
         self._ttl_s = ttl_s
         self._slots: dict[tuple[str, str], tuple[float, dict[str, SlotContents]]] = {}
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        # A program's lock and how many calls hold or await it (dropped at none).
+        self._locks: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
 
     @contextlib.asynccontextmanager
     async def hold(self, tenant: str, program_id: str, lease_s: float) -> AsyncIterator[None]:
-        lock = self._locks.setdefault((tenant, program_id), asyncio.Lock())
+        key = (tenant, program_id)
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
         try:
-            async with asyncio.timeout(lease_s):
-                await lock.acquire()
-        except TimeoutError:
-            raise ToolStateUnavailable(
-                f"program {program_id!r} is busy with another call"
-            ) from None
-        try:
-            yield
+            try:
+                async with asyncio.timeout(lease_s):
+                    await lock.acquire()
+            except TimeoutError:
+                busy = f"program {program_id!r} is busy with another call"
+                raise ToolStateUnavailable(busy) from None
+            try:
+                yield
+            finally:
+                lock.release()
         finally:
-            lock.release()
-            if not lock.locked():
-                self._locks.pop((tenant, program_id), None)
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
 
-    def _program(self, tenant: str, program_id: str) -> dict[str, SlotContents]:
+    def _forget_expired(self) -> None:
         now = time.monotonic()
         for key in [key for key, (expires, _) in self._slots.items() if expires <= now]:
             del self._slots[key]
+
+    def _written(self, tenant: str, program_id: str) -> dict[str, SlotContents]:
+        self._forget_expired()
         _, slots = self._slots.get((tenant, program_id), (0.0, {}))
-        self._slots[(tenant, program_id)] = (now + self._ttl_s, slots)
+        self._slots[(tenant, program_id)] = (time.monotonic() + self._ttl_s, slots)
         return slots
 
     async def load(self, tenant: str, program_id: str, slot: str) -> SlotContents:
-        return self._program(tenant, program_id).get(slot, SlotContents(None, None))
+        self._forget_expired()
+        _, slots = self._slots.get((tenant, program_id), (0.0, {}))
+        return slots.get(slot, SlotContents(None, None))
 
     async def save(self, tenant: str, program_id: str, slot: str, value: str) -> None:
-        slots = self._program(tenant, program_id)
+        slots = self._written(tenant, program_id)
         slots[slot] = SlotContents(value, slots.get(slot, SlotContents(None, None)).scenario)
 
     async def set_scenario(self, tenant: str, program_id: str, slot: str, scenario: Any) -> None:
-        self._program(tenant, program_id)[slot] = SlotContents(None, scenario)
+        self._written(tenant, program_id)[slot] = SlotContents(None, scenario)
 
     async def clear(self, tenant: str, program_id: str) -> None:
         self._slots.pop((tenant, program_id), None)

@@ -177,10 +177,16 @@ def test_a_program_keeps_its_file_system_between_sandboxed_calls_in_redis(state_
     asyncio.run(scenario())
 
 
-def test_concurrent_calls_of_a_program_run_one_at_a_time(state_url: str) -> None:
+@pytest.mark.parametrize("where", ["memory", "redis"])
+def test_concurrent_calls_of_a_program_run_one_at_a_time(where: str, state_url: str) -> None:
     async def scenario() -> list[str]:
-        # Two executors (two processes of the cluster) over the same Redis.
-        stores = [RedisToolStateStore(state_url, 60) for _ in range(2)]
+        # Two executors (two processes of the cluster, or two users of one process's store).
+        shared = LocalToolStateStore(60)
+        stores: list[ToolStateStore] = (
+            [shared, shared]
+            if where == "memory"
+            else [RedisToolStateStore(state_url, 60) for _ in range(2)]
+        )
         executors = [executor(states, "GorillaFileSystem") for states in stores]
         program_id = program()
         names = [f"file{index}.txt" for index in range(6)]
@@ -198,7 +204,8 @@ def test_concurrent_calls_of_a_program_run_one_at_a_time(state_url: str) -> None
         after_clear = await executors[1].call("ls", {}, tenant="t", program_id=program_id)
         assert json.loads(after_clear.result.output) == {"current_directory_content": []}
         for states in stores:
-            await states.close()
+            if isinstance(states, RedisToolStateStore):
+                await states.close()
         return list(json.loads(listed.result.output)["current_directory_content"])
 
     assert sorted(asyncio.run(scenario())) == [f"file{index}.txt" for index in range(6)]
