@@ -179,7 +179,8 @@ class PinningConfig(_Strict):
         default=2.0,
         ge=0,
         description="TTL in `fixed` mode, and in `cost_model` mode until the tools "
-        "together have `min_tool_samples` observed durations.",
+        "together have `min_tool_samples` observed durations (while nobody waits "
+        "for the memory, `max_ttl_s` instead).",
     )
     max_ttl_s: float = Field(
         default=30.0,

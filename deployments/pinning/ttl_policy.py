@@ -64,10 +64,13 @@ def best_ttl(
     durations: Sequence[float], benefit_s: float, max_ttl_s: float, holding_cost: float = 1.0
 ) -> float:
     """The τ in {0} and the observed durations (up to max_ttl_s) maximising
-    P(τ)·benefit - holding_cost·τ.
+    P(τ)·benefit - holding_cost·τ; max_ttl_s when holding costs nothing and a
+    pin pays at all.
 
     The objective only rises at observed durations and falls in between, so the
-    optimum is one of them or 0; ties go to the shorter TTL.
+    optimum is one of them or 0; ties go to the shorter TTL. At zero cost it is
+    flat past the longest observed return, and a program slower than any seen
+    so far still gains from the longer pin.
     """
     best, best_value = 0.0, 0.0
     for candidate in sorted(set(durations)):
@@ -76,6 +79,8 @@ def best_ttl(
         value = empirical_cdf(durations, candidate) * benefit_s - holding_cost * candidate
         if value > best_value:
             best, best_value = candidate, value
+    if holding_cost <= 0 and best_value > 0:
+        return max_ttl_s
     return best
 
 
@@ -99,9 +104,9 @@ def memoryfulness(program_turns: Sequence[int]) -> float | None:
 
 
 class TtlCostModel:
-    """Learns from traffic and answers `ttl(tool, context_tokens)`. A tool seen
-    fewer than `min_tool_samples` times is judged by every tool's durations
-    together (the fixed TTL only until those are enough)."""
+    """Learns from traffic and answers `ttl(tool, context_tokens, holding_cost)`.
+    A tool seen fewer than `min_tool_samples` times is judged by every tool's
+    durations together (a default TTL only until those are enough)."""
 
     def __init__(
         self,
@@ -159,9 +164,13 @@ class TtlCostModel:
         return None
 
     def ttl(self, tool: str | None, context_tokens: int, holding_cost: float = 1.0) -> float:
-        durations = self._durations(tool)
-        if not self._use_cost_model or durations is None:
+        """Without enough samples: the fixed TTL, or the longest while holding
+        costs nothing (a pin on memory nobody waits for delays nobody)."""
+        if not self._use_cost_model:
             return self._fixed_ttl_s
+        durations = self._durations(tool)
+        if durations is None:
+            return self.max_ttl_s if holding_cost <= 0 else self._fixed_ttl_s
         benefit = self.mean_queueing_delay_s * self.memoryfulness + self.prefill_reload_s(
             context_tokens
         )

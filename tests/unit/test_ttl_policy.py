@@ -58,11 +58,12 @@ def test_best_ttl_holds_longer_when_nobody_wants_the_memory() -> None:
     # Full pressure: τ=1 gives 4, τ=20 gives -10. At 0.1: τ=1 gives 4.9, τ=20 gives 8.
     assert best_ttl(durations, benefit_s=10, max_ttl_s=60, holding_cost=1.0) == 1.0
     assert best_ttl(durations, benefit_s=10, max_ttl_s=60, holding_cost=0.1) == 20.0
-    # Free memory: the shortest TTL covering every return within the cap.
-    assert best_ttl(durations, benefit_s=10, max_ttl_s=60, holding_cost=0.0) == 20.0
-    assert best_ttl([*durations, math.inf], benefit_s=10, max_ttl_s=60, holding_cost=0.0) == 20.0
-    # Still nothing to gain, still no pin.
+    # Free memory: the cap, for returns slower than any seen yet.
+    assert best_ttl(durations, benefit_s=10, max_ttl_s=60, holding_cost=0.0) == 60.0
+    assert best_ttl([*durations, math.inf], benefit_s=10, max_ttl_s=60, holding_cost=0.0) == 60.0
+    # Nothing to gain, or nobody ever back within the cap: still no pin.
     assert best_ttl(durations, benefit_s=0, max_ttl_s=60, holding_cost=0.0) == 0.0
+    assert best_ttl([math.inf, 90.0], benefit_s=10, max_ttl_s=60, holding_cost=0.0) == 0.0
 
 
 def test_a_pin_costs_the_share_of_it_waiting_requests_need() -> None:
@@ -122,6 +123,8 @@ def test_fixed_ttl_until_a_tool_has_enough_samples() -> None:
     ttl_model.observe_tool_duration("search", 1.0)
     ttl_model.observe_tool_duration("search", 1.0)
     assert ttl_model.ttl("search", 1000) == 2.0
+    # Unless holding the pin costs nothing: then as long as any pin may be held.
+    assert ttl_model.ttl("search", 1000, holding_cost=0.0) == 30.0
 
 
 def test_a_new_tool_is_judged_by_every_tool_until_it_has_samples_of_its_own() -> None:
