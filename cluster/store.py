@@ -23,6 +23,9 @@ from toolworkers.tool_state import SlotContents, ToolStateUnavailable
 logger = logging.getLogger("toolserve.store")
 
 _SOCKET_TIMEOUT_S = 0.5
+# A stateful call cannot run without its state (the cache and ledger can be
+# skipped), so a Redis slowed by a loaded machine is waited for, not a failure.
+_STATE_SOCKET_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -496,7 +499,7 @@ class RedisToolStateStore:
 
     def __init__(self, url: str, ttl_s: float):
         self._client = aioredis.Redis.from_url(
-            url, socket_timeout=_SOCKET_TIMEOUT_S, socket_connect_timeout=_SOCKET_TIMEOUT_S
+            url, socket_timeout=_STATE_SOCKET_TIMEOUT_S, socket_connect_timeout=_SOCKET_TIMEOUT_S
         )
         self._ttl_ms = max(1, int(ttl_s * 1000))
         self._release = self._client.register_script(_RELEASE_IF_HOLDER)
