@@ -369,6 +369,13 @@ class RoutingConfig(_Strict):
         "ceil(affinity_load_factor x mean) in flight; then the turn goes elsewhere and "
         "a pin there is released. At least 1 + load_epsilon.",
     )
+    stay_while_engine_has_room: bool = Field(
+        default=True,
+        description="A program also stays on its pinned (or previous) replica, whatever "
+        "the mean, while that replica has fewer requests in flight than its engine "
+        "decodes at once (`main.engine.max_num_seqs`): the turn starts at once with its KV "
+        "resident, where a move would cost a whole prefill for a less busy batch.",
+    )
     virtual_nodes: int = Field(
         default=100, ge=1, description="Points per replica on the consistent-hash ring."
     )

@@ -25,13 +25,19 @@ _RAY_ROUTERS = {
 }
 
 
-def request_router_config(routing: RoutingConfig | None, redis_url: str) -> RequestRouterConfig:
-    """The main model's router per `routing`; None (draft replicas): least loaded."""
+def request_router_config(
+    routing: RoutingConfig | None, redis_url: str, engine_batch_slots: int
+) -> RequestRouterConfig:
+    """The main model's router per `routing`; None (draft replicas): least loaded.
+    `engine_batch_slots`: sequences each replica's engine decodes at once."""
     if routing is None:
         return RequestRouterConfig(request_router_class=_RAY_ROUTERS["power_of_two"])
     if routing.policy != "session":
         return RequestRouterConfig(request_router_class=_RAY_ROUTERS[routing.policy])
-    kwargs: dict[str, Any] = routing.model_dump() | {"redis_url": redis_url}
+    kwargs: dict[str, Any] = routing.model_dump() | {
+        "redis_url": redis_url,
+        "engine_batch_slots": engine_batch_slots,
+    }
     kwargs.pop("policy")
     return RequestRouterConfig(
         request_router_class="router.serve_router.SessionRouter",
@@ -63,7 +69,9 @@ def _model_deployment(
                 "num_cpus": deployment.num_cpus,
                 "num_gpus": deployment.num_gpus,
             },
-            request_router_config=request_router_config(routing, redis_url),
+            request_router_config=request_router_config(
+                routing, redis_url, deployment.engine.max_num_seqs
+            ),
             health_check_period_s=10,
             health_check_timeout_s=30,
             graceful_shutdown_timeout_s=20,

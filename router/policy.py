@@ -7,7 +7,8 @@ serving programs with the same long prompt prefix; else consistent hashing of
 the program id. Those last two respect the bounded-load rule of consistent
 hashing with bounded loads (Mirrokni et al.): after routing, no replica holds
 more than ceil((1 + epsilon) * mean) requests in flight; the first two, worth a
-whole prefill, a looser ceil(affinity_load_factor * mean).
+whole prefill, a looser ceil(affinity_load_factor * mean), and never while their
+replica has fewer requests in flight than `affinity_free_slots`.
 """
 
 from __future__ import annotations
@@ -88,13 +89,22 @@ def load_capacity(loads: Mapping[str, int], factor: float) -> int:
 class RoutingPolicy:
     """Chooses a replica for one request. Keeps only the hash ring between calls."""
 
-    def __init__(self, load_epsilon: float, affinity_load_factor: float, virtual_nodes: int):
+    def __init__(
+        self,
+        load_epsilon: float,
+        affinity_load_factor: float,
+        virtual_nodes: int,
+        affinity_free_slots: int = 0,
+    ):
+        """`affinity_free_slots`: a pinned or returning program stays on its replica
+        while that replica has fewer requests in flight, whatever the others carry."""
         if load_epsilon <= 0:
             raise ValueError("load_epsilon must be positive")
         if affinity_load_factor < 1 + load_epsilon:
             raise ValueError("affinity_load_factor must be at least 1 + load_epsilon")
         self.load_epsilon = load_epsilon
         self.affinity_load_factor = affinity_load_factor
+        self.affinity_free_slots = affinity_free_slots
         self._virtual_nodes = virtual_nodes
         self._ring = HashRing(frozenset(), virtual_nodes)
 
@@ -109,7 +119,11 @@ class RoutingPolicy:
         if not loads:
             raise ValueError("no replica to route to")
         capacity = load_capacity(loads, 1 + self.load_epsilon)
-        affinity_capacity = load_capacity(loads, self.affinity_load_factor)
+        # Below its free slots the engine starts the turn at once with its KV
+        # resident; moving would only trade a busier batch for a whole prefill.
+        affinity_capacity = max(
+            load_capacity(loads, self.affinity_load_factor), self.affinity_free_slots
+        )
 
         def fits(replica_id: str | None, limit: int = capacity) -> bool:
             return replica_id is not None and loads.get(replica_id, limit) < limit

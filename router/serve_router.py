@@ -66,13 +66,17 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
 
     def initialize_state(self, **kwargs: Any) -> None:
         redis_url = kwargs.pop("redis_url")
+        engine_batch_slots = kwargs.pop("engine_batch_slots")
         config = RoutingConfig(**kwargs)
         self._config = config
         self._redis_url: str | None = redis_url
         self._store: ClusterStore | None = None
         self._ledger_paused_until = 0.0
         self._policy = RoutingPolicy(
-            config.load_epsilon, config.affinity_load_factor, config.virtual_nodes
+            config.load_epsilon,
+            config.affinity_load_factor,
+            config.virtual_nodes,
+            affinity_free_slots=engine_batch_slots if config.stay_while_engine_has_room else 0,
         )
         self._directory = ProgramDirectory(
             max_programs=config.max_remembered_programs, max_prefixes=1024

@@ -20,9 +20,12 @@ EPSILON = 0.25
 AFFINITY_FACTOR = 1.5
 
 
-def _policy() -> RoutingPolicy:
+def _policy(affinity_free_slots: int = 0) -> RoutingPolicy:
     return RoutingPolicy(
-        load_epsilon=EPSILON, affinity_load_factor=AFFINITY_FACTOR, virtual_nodes=64
+        load_epsilon=EPSILON,
+        affinity_load_factor=AFFINITY_FACTOR,
+        virtual_nodes=64,
+        affinity_free_slots=affinity_free_slots,
     )
 
 
@@ -44,6 +47,19 @@ def test_an_overloaded_pin_owner_is_passed_over_and_its_pin_called_stale() -> No
     decision = _policy().choose(ProgramView("p", pinned_replica="a"), loads)
     assert decision.replica_id == "b"
     assert decision.reason is RoutingReason.FALLBACK and decision.stale_pin_replica == "a"
+
+
+def test_a_pin_owner_with_free_engine_slots_keeps_the_program_however_uneven() -> None:
+    policy = _policy(affinity_free_slots=16)
+    kept = policy.choose(ProgramView("p", pinned_replica="a"), {"a": 15, "b": 0})
+    assert kept.replica_id == "a" and kept.reason is RoutingReason.PINNED
+    sticky = policy.choose(ProgramView("p", previous_replica="a"), {"a": 15, "b": 0})
+    assert sticky.replica_id == "a" and sticky.reason is RoutingReason.STICKY
+    full = policy.choose(ProgramView("p", pinned_replica="a"), {"a": 16, "b": 0})
+    assert full.replica_id == "b" and full.stale_pin_replica == "a"
+    # Free slots never place a new program: it is hashed within the tight bound.
+    new = policy.choose(ProgramView("q", prefix_replicas={"a": 3}), {"a": 15, "b": 0})
+    assert new.replica_id == "b"
 
 
 def test_a_pin_on_a_dead_replica_is_stale() -> None:
@@ -104,14 +120,18 @@ views = st.builds(
 )
 
 
-@given(view=views, loads=load_maps)
+@given(view=views, loads=load_maps, free_slots=st.integers(0, 40))
 @settings(max_examples=400, deadline=None)
-def test_every_choice_respects_its_load_bound(view: ProgramView, loads: dict[str, int]) -> None:
-    decision = _policy().choose(view, loads)
+def test_every_choice_respects_its_load_bound(
+    view: ProgramView, loads: dict[str, int], free_slots: int
+) -> None:
+    decision = _policy(free_slots).choose(view, loads)
     assert decision.replica_id in loads
-    affine = decision.reason in (RoutingReason.PINNED, RoutingReason.STICKY)
-    factor = AFFINITY_FACTOR if affine else 1 + EPSILON
-    assert loads[decision.replica_id] + 1 <= load_capacity(loads, factor)
+    if decision.reason in (RoutingReason.PINNED, RoutingReason.STICKY):
+        bound = max(load_capacity(loads, AFFINITY_FACTOR), free_slots)
+    else:
+        bound = load_capacity(loads, 1 + EPSILON)
+    assert loads[decision.replica_id] + 1 <= bound
 
 
 @given(
