@@ -376,6 +376,14 @@ class RoutingConfig(_Strict):
         "decodes at once (`main.engine.max_num_seqs`): the turn starts at once with its KV "
         "resident, where a move would cost a whole prefill for a less busy batch.",
     )
+    live_after_turn_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="A program counts as live on its replica while a turn is in flight "
+        "and this long after a turn ends (its tool is running). New programs are placed "
+        "so that no replica serves more than ceil((1 + load_epsilon) x mean) live "
+        "programs where the in-flight bound allows it.",
+    )
     virtual_nodes: int = Field(
         default=100, ge=1, description="Points per replica on the consistent-hash ring."
     )

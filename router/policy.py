@@ -9,6 +9,11 @@ hashing with bounded loads (Mirrokni et al.): after routing, no replica holds
 more than ceil((1 + epsilon) * mean) requests in flight; the first two, worth a
 whole prefill, a looser ceil(affinity_load_factor * mean), and never while their
 replica has fewer requests in flight than `affinity_free_slots`.
+
+A program placed on a replica stays there for all its turns, so placement also
+bounds the live programs (in flight, or between turns while a tool runs) per
+replica by the same ceil((1 + epsilon) * mean) where it can: the in-flight count
+at one instant misses every program that is away running a tool.
 """
 
 from __future__ import annotations
@@ -113,12 +118,20 @@ class RoutingPolicy:
             self._ring = HashRing(replica_ids, self._virtual_nodes)
         return self._ring
 
-    def choose(self, program: ProgramView, loads: Mapping[str, int]) -> RoutingDecision:
+    def choose(
+        self,
+        program: ProgramView,
+        loads: Mapping[str, int],
+        live_programs: Mapping[str, int] | None = None,
+    ) -> RoutingDecision:
         """`loads`: in-flight requests of every replica that may take a request now
-        (dead and draining replicas are simply absent)."""
+        (dead and draining replicas are simply absent). `live_programs`: programs
+        each replica serves, in flight or between turns (none when absent)."""
         if not loads:
             raise ValueError("no replica to route to")
         capacity = load_capacity(loads, 1 + self.load_epsilon)
+        programs = {replica_id: (live_programs or {}).get(replica_id, 0) for replica_id in loads}
+        program_capacity = load_capacity(programs, 1 + self.load_epsilon)
         # Below its free slots the engine starts the turn at once with its KV
         # resident; moving would only trade a busier batch for a whole prefill.
         affinity_capacity = max(
@@ -127,6 +140,9 @@ class RoutingPolicy:
 
         def fits(replica_id: str | None, limit: int = capacity) -> bool:
             return replica_id is not None and loads.get(replica_id, limit) < limit
+
+        def places(replica_id: str) -> bool:
+            return fits(replica_id) and programs[replica_id] < program_capacity
 
         stale_pin = None
         if program.pinned_replica is not None:
@@ -140,25 +156,37 @@ class RoutingPolicy:
 
         preferred_lost = stale_pin is not None or program.previous_replica is not None
         if not preferred_lost:
-            owners = [r for r in program.prefix_replicas if fits(r)]
+            owners = [r for r in program.prefix_replicas if places(r)]
             if owners:
-                best = min(owners, key=lambda r: (loads[r], -program.prefix_replicas[r], r))
+                best = min(
+                    owners,
+                    key=lambda r: (programs[r], loads[r], -program.prefix_replicas[r], r),
+                )
                 return RoutingDecision(best, RoutingReason.PREFIX)
 
         walk = self._ring_for(frozenset(loads)).walk(program.program_id)
-        chosen = next(r for r in walk if fits(r))  # the least-loaded replica always fits
+        # The least-loaded replica always fits the in-flight bound; both bounds
+        # together may leave no replica, and then the in-flight one decides.
+        chosen = next((r for r in walk if places(r)), None) or next(r for r in walk if fits(r))
         reason = RoutingReason.FALLBACK if preferred_lost else RoutingReason.HASHED
         return RoutingDecision(chosen, reason, stale_pin)
 
 
 class ProgramDirectory:
-    """The router's memory: the replica each recent program last went to, and
-    which replicas serve programs of each long prompt prefix. Bounded (LRU)."""
+    """The router's memory: the replica each recent program last went to, which
+    programs are live (a turn in flight, or the last one ended within
+    `live_after_turn_s`: the program is likely running a tool and coming back),
+    and which replicas serve programs of each long prompt prefix. Bounded (LRU).
+    Times are the caller's monotonic seconds."""
 
-    def __init__(self, max_programs: int, max_prefixes: int):
+    def __init__(self, max_programs: int, max_prefixes: int, live_after_turn_s: float = 30.0):
         self._max_programs = max_programs
         self._max_prefixes = max_prefixes
+        self._live_after_turn_s = live_after_turn_s
+        # Ordered by last activity (a turn routed or ended), oldest first.
         self._last_replica: OrderedDict[str, str] = OrderedDict()
+        self._last_active: dict[str, float] = {}
+        self._turns_in_flight: Counter[str] = Counter()
         self._prefix_replicas: OrderedDict[str, Counter[str]] = OrderedDict()
 
     def view(self, program_id: str, prefix_key: str | None, pinned: str | None) -> ProgramView:
@@ -166,12 +194,23 @@ class ProgramDirectory:
         prefix = self._prefix_replicas.get(prefix_key) if prefix_key is not None else None
         return ProgramView(program_id, pinned, previous, dict(prefix or {}))
 
-    def routed(self, program_id: str, prefix_key: str | None, replica_id: str) -> None:
+    def routed(
+        self,
+        program_id: str,
+        prefix_key: str | None,
+        replica_id: str,
+        now: float,
+        new_turn: bool = True,
+    ) -> None:
+        """`new_turn` False: a turn already routed was routed again (its replica was full)."""
         is_new = program_id not in self._last_replica
-        self._last_replica[program_id] = replica_id
-        self._last_replica.move_to_end(program_id)
+        self._touch(program_id, replica_id, now)
+        if new_turn:
+            self._turns_in_flight[program_id] += 1
         while len(self._last_replica) > self._max_programs:
-            self._last_replica.popitem(last=False)
+            oldest, _ = self._last_replica.popitem(last=False)
+            self._last_active.pop(oldest, None)
+            self._turns_in_flight.pop(oldest, None)
         if prefix_key is None or not is_new:
             return
         owners = self._prefix_replicas.setdefault(prefix_key, Counter())
@@ -180,11 +219,36 @@ class ProgramDirectory:
         while len(self._prefix_replicas) > self._max_prefixes:
             self._prefix_replicas.popitem(last=False)
 
+    def turn_ended(self, program_id: str, now: float) -> None:
+        if self._turns_in_flight[program_id] > 1:
+            self._turns_in_flight[program_id] -= 1
+        else:
+            self._turns_in_flight.pop(program_id, None)
+        replica_id = self._last_replica.get(program_id)
+        if replica_id is not None:
+            self._touch(program_id, replica_id, now)
+
+    def _touch(self, program_id: str, replica_id: str, now: float) -> None:
+        self._last_replica[program_id] = replica_id
+        self._last_replica.move_to_end(program_id)
+        self._last_active[program_id] = now
+
+    def live_programs(self, now: float) -> Counter[str]:
+        """Live programs per replica."""
+        live: set[str] = set(self._turns_in_flight)
+        for program_id in reversed(self._last_replica):
+            if now - self._last_active[program_id] > self._live_after_turn_s:
+                break
+            live.add(program_id)
+        return Counter(self._last_replica[p] for p in live if p in self._last_replica)
+
     def forget_program(self, program_id: str) -> None:
         self._last_replica.pop(program_id, None)
+        self._last_active.pop(program_id, None)
+        self._turns_in_flight.pop(program_id, None)
 
     def forget_replica(self, replica_id: str) -> None:
         for program_id in [p for p, r in self._last_replica.items() if r == replica_id]:
-            del self._last_replica[program_id]
+            self.forget_program(program_id)
         for owners in self._prefix_replicas.values():
             owners.pop(replica_id, None)

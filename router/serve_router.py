@@ -79,10 +79,13 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
             affinity_free_slots=engine_batch_slots if config.stay_while_engine_has_room else 0,
         )
         self._directory = ProgramDirectory(
-            max_programs=config.max_remembered_programs, max_prefixes=1024
+            max_programs=config.max_remembered_programs,
+            max_prefixes=1024,
+            live_after_turn_s=config.live_after_turn_s,
         )
         self._in_flight: Counter[str] = Counter()
         self._request_replica: dict[str, str] = {}
+        self._request_program: dict[str, str] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._metrics: _RouterMetrics | None = None
 
@@ -108,7 +111,11 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
             else None
         )
         pinned = await self._pinned_replica(program_id)
-        decision = self._policy.choose(self._directory.view(program_id, prefix_key, pinned), loads)
+        decision = self._policy.choose(
+            self._directory.view(program_id, prefix_key, pinned),
+            loads,
+            self._directory.live_programs(time.monotonic()),
+        )
         self._book(metadata.internal_request_id, program_id, prefix_key, decision, pinned, loads)
         return [[by_id[decision.replica_id]]]
 
@@ -154,8 +161,11 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
         if previous is not None:
             self._in_flight[previous] -= 1
         self._request_replica[request_id] = decision.replica_id
+        self._request_program[request_id] = program_id
         self._in_flight[decision.replica_id] += 1
-        self._directory.routed(program_id, prefix_key, decision.replica_id)
+        self._directory.routed(
+            program_id, prefix_key, decision.replica_id, time.monotonic(), new_turn=previous is None
+        )
         if decision.stale_pin_replica is not None:
             self._spawn(self._release_stale_pin(program_id, decision.stale_pin_replica))
 
@@ -181,6 +191,9 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         booked = self._request_replica.pop(internal_request_id, None)
+        program_id = self._request_program.pop(internal_request_id, None)
+        if program_id is not None:
+            self._directory.turn_ended(program_id, time.monotonic())
         if booked is not None:
             self._in_flight[booked] -= 1
             if self._in_flight[booked] <= 0:

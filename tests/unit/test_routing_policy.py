@@ -120,12 +120,17 @@ views = st.builds(
 )
 
 
-@given(view=views, loads=load_maps, free_slots=st.integers(0, 40))
+@given(
+    view=views,
+    loads=load_maps,
+    free_slots=st.integers(0, 40),
+    live=st.dictionaries(replica_names, st.integers(0, 30), max_size=8),
+)
 @settings(max_examples=400, deadline=None)
 def test_every_choice_respects_its_load_bound(
-    view: ProgramView, loads: dict[str, int], free_slots: int
+    view: ProgramView, loads: dict[str, int], free_slots: int, live: dict[str, int]
 ) -> None:
-    decision = _policy(free_slots).choose(view, loads)
+    decision = _policy(free_slots).choose(view, loads, live)
     assert decision.replica_id in loads
     if decision.reason in (RoutingReason.PINNED, RoutingReason.STICKY):
         bound = max(load_capacity(loads, AFFINITY_FACTOR), free_slots)
@@ -148,7 +153,7 @@ def test_routing_a_stream_never_exceeds_the_bound(replicas: list[str], programs:
         factor = AFFINITY_FACTOR if decision.reason is RoutingReason.STICKY else 1 + EPSILON
         assert loads[decision.replica_id] + 1 <= load_capacity(loads, factor)
         loads[decision.replica_id] += 1
-        directory.routed(program, "shared", decision.replica_id)
+        directory.routed(program, "shared", decision.replica_id, now=0.0)
 
 
 @given(
@@ -175,17 +180,75 @@ def test_replicas_coming_and_going_move_only_their_own_programs(
 
 def test_directory_remembers_last_replicas_and_prefix_owners_within_bounds() -> None:
     directory = ProgramDirectory(max_programs=2, max_prefixes=1)
-    directory.routed("p1", "k", "a")
-    directory.routed("p1", "k", "b")  # a returning turn does not count its prefix again
-    directory.routed("p2", "k", "a")
+    directory.routed("p1", "k", "a", now=0.0)
+    directory.routed("p1", "k", "b", now=1.0)  # a returning turn does not count its prefix again
+    directory.routed("p2", "k", "a", now=2.0)
     assert directory.view("p1", "k", None) == ProgramView("p1", None, "b", {"a": 2})
-    directory.routed("p3", "other", "c")  # evicts p1 (oldest) and prefix "k"
+    directory.routed("p3", "other", "c", now=3.0)  # evicts p1 (oldest) and prefix "k"
     assert directory.view("p1", "k", None).previous_replica is None
     assert directory.view("p1", "k", None).prefix_replicas == {}
     directory.forget_replica("c")
     assert directory.view("p3", "other", "c") == ProgramView("p3", "c", None, {})
     directory.forget_program("p2")
     assert directory.view("p2", None, None).previous_replica is None
+    assert directory.live_programs(now=3.0) == {}
+
+
+def test_a_program_is_live_while_a_turn_runs_and_while_its_tool_runs_after() -> None:
+    directory = ProgramDirectory(max_programs=100, max_prefixes=10, live_after_turn_s=30.0)
+    directory.routed("long-turn", None, "a", now=0.0)
+    directory.routed("in-tool", None, "a", now=0.0)
+    directory.turn_ended("in-tool", now=10.0)
+    directory.routed("finished", None, "b", now=0.0)
+    directory.turn_ended("finished", now=5.0)
+    assert directory.live_programs(now=20.0) == {"a": 2, "b": 1}
+    # 100 s later: the long turn is still in flight; the others went quiet.
+    assert directory.live_programs(now=100.0) == {"a": 1}
+    directory.turn_ended("long-turn", now=100.0)
+    directory.routed("in-tool", None, "a", now=100.0)
+    directory.routed("in-tool", None, "a", now=101.0, new_turn=False)  # re-routed, same turn
+    assert directory.live_programs(now=120.0) == {"a": 2}
+    directory.turn_ended("in-tool", now=200.0)
+    assert directory.live_programs(now=200.0) == {"a": 1}
+    assert directory.live_programs(now=231.0) == {}
+    directory.forget_replica("a")
+    assert directory.live_programs(now=200.0) == {}
+
+
+def test_new_programs_spread_by_live_programs_when_none_is_in_flight() -> None:
+    # Every program on "a" is away running a tool: in flight both replicas look idle.
+    idle = {"a": 0, "b": 0}
+    prefix_on_a = ProgramView("new", prefix_replicas={"a": 3})
+    decision = _policy().choose(prefix_on_a, idle, live_programs={"a": 3})
+    assert decision.replica_id == "b" and decision.reason is RoutingReason.HASHED
+    owners_of_both = ProgramView("new", prefix_replicas={"a": 3, "b": 1})
+    decision = _policy().choose(owners_of_both, idle, live_programs={"a": 3, "b": 2})
+    assert decision.replica_id == "b" and decision.reason is RoutingReason.PREFIX
+    # Returning programs are not placed: they stay where their KV is.
+    back = _policy().choose(ProgramView("p", previous_replica="a"), idle, {"a": 9})
+    assert back.replica_id == "a" and back.reason is RoutingReason.STICKY
+
+
+@given(
+    replicas=st.lists(replica_names, min_size=1, max_size=8, unique=True),
+    arrivals=st.integers(1, 80),
+)
+@settings(max_examples=150, deadline=None)
+def test_placing_programs_that_are_all_away_keeps_live_programs_within_the_bound(
+    replicas: list[str], arrivals: int
+) -> None:
+    policy = _policy()
+    directory = ProgramDirectory(max_programs=1000, max_prefixes=10)
+    idle = dict.fromkeys(replicas, 0)
+    for index in range(arrivals):
+        program = f"p{index}"
+        live = directory.live_programs(now=float(index))
+        decision = policy.choose(directory.view(program, "shared", None), idle, live)
+        assert live[decision.replica_id] + 1 <= load_capacity(
+            {r: live[r] for r in replicas}, 1 + EPSILON
+        )
+        directory.routed(program, "shared", decision.replica_id, now=float(index))
+        directory.turn_ended(program, now=float(index))
 
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
