@@ -179,7 +179,7 @@ class ProgramDirectory:
     and which replicas serve programs of each long prompt prefix. Bounded (LRU).
     Times are the caller's monotonic seconds."""
 
-    def __init__(self, max_programs: int, max_prefixes: int, live_after_turn_s: float = 30.0):
+    def __init__(self, max_programs: int, max_prefixes: int, live_after_turn_s: float):
         self._max_programs = max_programs
         self._max_prefixes = max_prefixes
         self._live_after_turn_s = live_after_turn_s
@@ -240,7 +240,7 @@ class ProgramDirectory:
             if now - self._last_active[program_id] > self._live_after_turn_s:
                 break
             live.add(program_id)
-        return Counter(self._last_replica[p] for p in live if p in self._last_replica)
+        return Counter(self._last_replica[program_id] for program_id in live)
 
     def forget_program(self, program_id: str) -> None:
         self._last_replica.pop(program_id, None)

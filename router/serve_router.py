@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, NamedTuple
 
 from ray.serve._private.common import ReplicaID
 from ray.serve._private.request_router.common import PendingRequest
@@ -54,6 +54,11 @@ class _RouterMetrics:
         )
 
 
+class _Booking(NamedTuple):
+    replica_id: str
+    program_id: str
+
+
 def _serving(replicas: list[RunningReplica]) -> list[RunningReplica]:
     """Replicas whose engine is ready (`ModelServer.record_routing_stats`); all of
     them while none is, so requests get the loading replica's clear 503."""
@@ -84,8 +89,7 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
             live_after_turn_s=config.live_after_turn_s,
         )
         self._in_flight: Counter[str] = Counter()
-        self._request_replica: dict[str, str] = {}
-        self._request_program: dict[str, str] = {}
+        self._request_booking: dict[str, _Booking] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._metrics: _RouterMetrics | None = None
 
@@ -157,11 +161,10 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
         loads: dict[str, int],
     ) -> None:
         # A request that waited for a full replica is chosen again: move its load.
-        previous = self._request_replica.get(request_id)
+        previous = self._request_booking.get(request_id)
         if previous is not None:
-            self._in_flight[previous] -= 1
-        self._request_replica[request_id] = decision.replica_id
-        self._request_program[request_id] = program_id
+            self._in_flight[previous.replica_id] -= 1
+        self._request_booking[request_id] = _Booking(decision.replica_id, program_id)
         self._in_flight[decision.replica_id] += 1
         self._directory.routed(
             program_id, prefix_key, decision.replica_id, time.monotonic(), new_turn=previous is None
@@ -190,14 +193,12 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
         return {replica_id.unique_id for replica_id in self._replicas}
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        booked = self._request_replica.pop(internal_request_id, None)
-        program_id = self._request_program.pop(internal_request_id, None)
-        if program_id is not None:
-            self._directory.turn_ended(program_id, time.monotonic())
+        booked = self._request_booking.pop(internal_request_id, None)
         if booked is not None:
-            self._in_flight[booked] -= 1
-            if self._in_flight[booked] <= 0:
-                del self._in_flight[booked]
+            self._directory.turn_ended(booked.program_id, time.monotonic())
+            self._in_flight[booked.replica_id] -= 1
+            if self._in_flight[booked.replica_id] <= 0:
+                del self._in_flight[booked.replica_id]
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         before = self._alive_replica_ids()

@@ -146,7 +146,7 @@ def test_every_choice_respects_its_load_bound(
 @settings(max_examples=150, deadline=None)
 def test_routing_a_stream_never_exceeds_the_bound(replicas: list[str], programs: list[str]) -> None:
     policy = _policy()
-    directory = ProgramDirectory(max_programs=1000, max_prefixes=10)
+    directory = ProgramDirectory(max_programs=1000, max_prefixes=10, live_after_turn_s=30.0)
     loads = dict.fromkeys(replicas, 0)
     for program in programs:
         decision = policy.choose(directory.view(program, "shared", None), loads)
@@ -179,7 +179,7 @@ def test_replicas_coming_and_going_move_only_their_own_programs(
 
 
 def test_directory_remembers_last_replicas_and_prefix_owners_within_bounds() -> None:
-    directory = ProgramDirectory(max_programs=2, max_prefixes=1)
+    directory = ProgramDirectory(max_programs=2, max_prefixes=1, live_after_turn_s=30.0)
     directory.routed("p1", "k", "a", now=0.0)
     directory.routed("p1", "k", "b", now=1.0)  # a returning turn does not count its prefix again
     directory.routed("p2", "k", "a", now=2.0)
@@ -238,7 +238,7 @@ def test_placing_programs_that_are_all_away_keeps_live_programs_within_the_bound
     replicas: list[str], arrivals: int
 ) -> None:
     policy = _policy()
-    directory = ProgramDirectory(max_programs=1000, max_prefixes=10)
+    directory = ProgramDirectory(max_programs=1000, max_prefixes=10, live_after_turn_s=30.0)
     idle = dict.fromkeys(replicas, 0)
     for index in range(arrivals):
         program = f"p{index}"
