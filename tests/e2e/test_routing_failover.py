@@ -102,8 +102,13 @@ def test_turns_follow_the_pin_and_fail_over_when_its_replica_dies(
 ) -> None:
     import ray
 
-    health = httpx.get(two_replicas.health_url, timeout=30).json()
-    assert health["ready_replicas"] == {"main": 2}
+    # The cluster is up once each role has a ready replica; the second engine may
+    # still be loading.
+    def both_ready() -> bool:
+        health = httpx.get(two_replicas.health_url, timeout=30).json()
+        return bool(health["ready_replicas"] == {"main": 2})
+
+    assert _wait_for(both_ready, 180)
     model = two_replica_config.main.engine.served_model_name
     client = OpenAI(base_url=two_replicas.api_base, api_key="test", max_retries=0, timeout=120)
     ledger = TtlLedger(two_replicas.redis_url)
