@@ -7,7 +7,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from openai import APIError, AsyncOpenAI
@@ -65,10 +65,54 @@ class ProgramRecord:
 
 
 @dataclass(frozen=True)
+class ClientStall:
+    """A moment the benchmark client itself was late: its event loop woke late
+    (`loop`) or a thread-pool call waited to start (`threads`). Time lost here
+    shows up in every latency the client measures, whatever the system did."""
+
+    system: str
+    repeat: int
+    at_s: float
+    lag_s: float
+    where: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": "client_stall", **asdict(self)}
+
+
+@dataclass(frozen=True)
 class RunResult:
     requests: list[RequestRecord]
     programs: list[ProgramRecord]
     wall_s: float
+    stalls: list[ClientStall] = field(default_factory=list)
+
+
+class StallMonitor:
+    """Probes the client's event loop and default thread pool every `interval_s`
+    and keeps each probe that came back more than `threshold_s` late."""
+
+    def __init__(
+        self, system: str, repeat: int, interval_s: float = 0.25, threshold_s: float = 0.5
+    ):
+        self._system = system
+        self._repeat = repeat
+        self._interval_s = interval_s
+        self._threshold_s = threshold_s
+        self.stalls: list[ClientStall] = []
+
+    async def run(self, started: float) -> None:
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(self._interval_s)
+            self._keep(started, before, time.monotonic() - before - self._interval_s, "loop")
+            before = time.monotonic()
+            await asyncio.to_thread(time.monotonic)
+            self._keep(started, before, time.monotonic() - before, "threads")
+
+    def _keep(self, started: float, at: float, lag: float, where: str) -> None:
+        if lag > self._threshold_s:
+            self.stalls.append(ClientStall(self._system, self._repeat, at - started, lag, where))
 
 
 def reply_from_completion(completion: Any) -> Reply:
@@ -251,10 +295,12 @@ async def run_workload(
     draft_model: str | None = None,
 ) -> RunResult:
     driver = Driver(base_url, model, system, repeat, draft_model)
+    monitor = StallMonitor(system, repeat)
     requests: list[RequestRecord] = []
     try:
         await driver.warm_up()
         started = time.monotonic()
+        probing = asyncio.create_task(monitor.run(started))
         with tqdm(
             total=len(programs),
             desc=f"{system} #{repeat}",
@@ -271,6 +317,7 @@ async def run_workload(
 
             records = await asyncio.gather(*(tracked(program) for program in programs))
         wall = time.monotonic() - started
+        probing.cancel()
     finally:
         await driver.close()
-    return RunResult(requests=requests, programs=list(records), wall_s=wall)
+    return RunResult(requests, list(records), wall, monitor.stalls)

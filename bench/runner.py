@@ -111,9 +111,11 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
         if result is None:
             continue
         with records_path.open("a") as records:
-            for line in [r.as_json() for r in result.requests] + [
-                p.as_json() for p in result.programs
-            ]:
+            for line in (
+                [r.as_json() for r in result.requests]
+                + [p.as_json() for p in result.programs]
+                + [s.as_json() for s in result.stalls]
+            ):
                 records.write(json.dumps(line) + "\n")
 
     summary = summarize(
@@ -192,9 +194,11 @@ def _run_system(
     system_runs.rates.append(reported_rates(metrics_text, returning_turns))
     system_runs.kv_cache_tokens = kv_cache_size_tokens(metrics_text) or system_runs.kv_cache_tokens
     failed = sum(program.error is not None for program in result.programs)
+    stalled = [stall.lag_s for stall in result.stalls]
     log(
         f"bench: {name} done in {result.wall_s:.0f}s, {len(result.requests)} requests, "
-        f"{failed} failed programs"
+        f"{failed} failed programs; client stalls: {len(stalled)}, "
+        f"longest {max(stalled, default=0.0):.1f}s, total {sum(stalled):.1f}s"
     )
     return result
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from bench.driver import ProgramRecord, RequestRecord
+from bench.driver import ClientStall, ProgramRecord, RequestRecord, StallMonitor
 from bench.metrics import (
     counter_totals,
     kv_cache_size_tokens,
@@ -399,3 +401,22 @@ def test_speculation_variants_are_toolserve_systems() -> None:
     assert catalog["toolserve-client-speculation"].client_speculation
     assert not catalog["toolserve-engine-learned"].client_speculation
     assert catalog["toolserve-no-speculation"].overrides["tools.continuation.enabled"] is False
+
+
+def test_stall_monitor_records_the_moment_the_event_loop_was_blocked() -> None:
+    async def run() -> list[ClientStall]:
+        monitor = StallMonitor("toolserve", 0, interval_s=0.02, threshold_s=0.15)
+        started = time.monotonic()
+        probing = asyncio.create_task(monitor.run(started))
+        await asyncio.sleep(0.2)
+        time.sleep(0.4)  # the event loop is blocked: every waiting task wakes late
+        await asyncio.sleep(0.2)
+        probing.cancel()
+        return monitor.stalls
+
+    stalls = asyncio.run(run())
+    assert stalls, "a 0.4 s block went unnoticed"
+    # Whichever probe was waiting when the loop blocked reports it, and only then.
+    assert all(0.1 <= stall.at_s <= 0.7 for stall in stalls), stalls
+    assert 0.2 <= max(stall.lag_s for stall in stalls) <= 1.0
+    assert stalls[0].as_json()["kind"] == "client_stall"
