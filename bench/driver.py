@@ -38,6 +38,7 @@ class RequestRecord:
     unusable_calls: int
     tool_latency_s: float
     error: str | None = None
+    replica: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": "request", **asdict(self)}
@@ -115,7 +116,10 @@ class StallMonitor:
             self.stalls.append(ClientStall(self._system, self._repeat, at - started, lag, where))
 
 
-def reply_from_completion(completion: Any) -> Reply:
+REPLICA_HEADER = "x-toolserve-replica"
+
+
+def reply_from_completion(completion: Any, replica: str | None = None) -> Reply:
     choice = completion.choices[0]
     message = choice.message
     usage = completion.usage
@@ -133,6 +137,7 @@ def reply_from_completion(completion: Any) -> Reply:
         executed_messages=tuple(
             ((completion.model_extra or {}).get("toolserve") or {}).get("executed_messages") or ()
         ),
+        replica=replica,
     )
 
 
@@ -188,8 +193,8 @@ class Driver:
             arguments["extra_body"] = {"structured_outputs": request.structured_outputs}
         speculable = program.side_effect_free_tools()
         if self._draft_model is None or not speculable:
-            completion = await self._client.chat.completions.create(**arguments)
-            return reply_from_completion(completion), {}
+            raw = await self._client.chat.completions.with_raw_response.create(**arguments)
+            return reply_from_completion(raw.parse(), raw.headers.get(REPLICA_HEADER)), {}
         sdk = SpeculativeToolClient(
             self._client,
             tools={name: _tool_function(program, name) for name in speculable},
@@ -282,6 +287,7 @@ class Driver:
             unusable_calls=tool_round.unusable_calls if tool_round else 0,
             tool_latency_s=tool_round.latency_s if tool_round else 0.0,
             error=error,
+            replica=reply.replica if reply else None,
         )
 
 

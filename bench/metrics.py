@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from bench.driver import ProgramRecord, RequestRecord
+from bench.driver import ClientStall, ProgramRecord, RequestRecord
 
 BASELINE = "stock-vllm"
 
@@ -50,6 +50,22 @@ class SystemFigures:
     unusable_call_rate: float | None
     time_saved_vs_stock_vllm_pct: float | None
     peak_live_context_tokens: int
+    client_stall_s: float
+    jct_mean_without_client_stalls_s: float
+
+
+def jct_without_client_stalls(program: ProgramRecord, stalls: Iterable[ClientStall]) -> float:
+    """The program's JCT less the time, within its lifetime, that the benchmark
+    client of its run was stalled (it could neither send, receive nor end a tool)."""
+    stalled = sum(
+        max(
+            0.0,
+            min(program.finished_s, stall.at_s + stall.lag_s) - max(program.arrival_s, stall.at_s),
+        )
+        for stall in stalls
+        if (stall.system, stall.repeat) == (program.system, program.repeat)
+    )
+    return program.jct_s - stalled
 
 
 def system_figures(
@@ -57,9 +73,11 @@ def system_figures(
     requests: Sequence[RequestRecord],
     wall_s: float,
     baseline_jct: dict[str, float] | None = None,
+    stalls: Sequence[ClientStall] = (),
 ) -> SystemFigures:
     """`wall_s` is the summed wall time of the system's runs; `baseline_jct` maps
-    program id to stock vLLM's mean JCT for time saved."""
+    program id to stock vLLM's mean JCT for time saved; `stalls` are the client's
+    own stalls in those runs."""
     completed = [program for program in programs if program.error is None]
     jcts = [program.jct_s for program in completed]
     answered = [request for request in requests if request.error is None]
@@ -89,6 +107,10 @@ def system_figures(
         if baseline_jct
         else None,
         peak_live_context_tokens=peak_live_context_tokens(programs, requests),
+        client_stall_s=sum(stall.lag_s for stall in stalls),
+        jct_mean_without_client_stalls_s=_mean(
+            [jct_without_client_stalls(program, stalls) for program in completed]
+        ),
     )
 
 

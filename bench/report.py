@@ -174,6 +174,35 @@ def _time_saved_by_agent_type(summary: dict[str, Any]) -> list[str]:
     ]
 
 
+def _client_stalls(summary: dict[str, Any]) -> list[str]:
+    measured = {
+        name: figures
+        for name, figures in summary["systems"].items()
+        if figures.get("client_stall_s") is not None
+    }
+    if not measured:
+        return []
+    lines = [
+        "## Benchmark client stalls",
+        "",
+        "Time the benchmark client itself was stalled (its event loop or thread pool "
+        "late by more than 0.5 s; records of kind `client_stall`), summed over the "
+        "system's runs, and the mean JCT less the stalled time within each program's "
+        "lifetime. Stalls come from the machine, not the system under test; they "
+        "inflate every latency the client measures, tool time included.",
+        "",
+        "| system | client stalled | JCT mean | JCT mean less client stalls |",
+        "|---|---|---|---|",
+    ]
+    for name, figures in measured.items():
+        lines.append(
+            f"| {name} | {_format(figures['client_stall_s'], ' s')} "
+            f"| {_format(figures['jct_mean_s'], ' s')} "
+            f"| {_format(figures['jct_mean_without_client_stalls_s'], ' s')} |"
+        )
+    return [*lines, ""]
+
+
 def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
     settings = summary["settings"]
     lines = [
@@ -217,6 +246,7 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         "Ratios are stock vLLM's figure divided by the system's (above 1: faster). "
         "Time saved compares total job time over the programs both systems completed.",
         "",
+        *_client_stalls(summary),
         *_memory_pressure(summary),
         "## Hit rates",
         "",

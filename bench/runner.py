@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.driver import ProgramRecord, RequestRecord, RunResult, run_workload
+from bench.driver import ClientStall, ProgramRecord, RequestRecord, RunResult, run_workload
 from bench.metrics import (
     BASELINE,
     RATE_NAMES,
@@ -66,6 +66,7 @@ class SystemRuns:
     wall_s: float = 0.0
     startup_s: list[float] = field(default_factory=list)
     rates: list[dict[str, float | None]] = field(default_factory=list)
+    stalls: list[ClientStall] = field(default_factory=list)
     kv_cache_tokens: int | None = None
     error: str | None = None
 
@@ -189,6 +190,7 @@ def _run_system(
     system_runs.programs += result.programs
     system_runs.requests += result.requests
     system_runs.wall_s += result.wall_s
+    system_runs.stalls += result.stalls
     system_runs.startup_s.append(startup)
     returning_turns = sum(request.turn_index > 0 for request in result.requests)
     system_runs.rates.append(reported_rates(metrics_text, returning_turns))
@@ -229,6 +231,7 @@ def summarize(
             system_runs.requests,
             system_runs.wall_s,
             baseline_jct if name != BASELINE else None,
+            system_runs.stalls,
         )
         systems[name] = {
             **figures.__dict__,

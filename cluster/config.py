@@ -366,13 +366,15 @@ class RoutingConfig(_Strict):
         default=1.5,
         description="A program goes to the replica holding its pinned KV (else to the "
         "replica of its previous turn) unless that replica would exceed "
-        "ceil(affinity_load_factor x mean) in flight; then the turn goes elsewhere and "
-        "a pin there is released. At least 1 + load_epsilon.",
+        "ceil(affinity_load_factor x mean) in flight, or serves more than "
+        "ceil(affinity_load_factor x mean) live programs; then the turn goes elsewhere "
+        "and a pin there is released. At least 1 + load_epsilon.",
     )
     stay_while_engine_has_room: bool = Field(
         default=True,
         description="A program also stays on its pinned (or previous) replica, whatever "
-        "the mean, while that replica has fewer requests in flight than its engine "
+        "the mean in flight (not when it is crowded with live programs), while that "
+        "replica has fewer requests in flight than its engine "
         "decodes at once (`main.engine.max_num_seqs`): the turn starts at once with its KV "
         "resident, where a move would cost a whole prefill for a less busy batch.",
     )

@@ -13,7 +13,12 @@ replica has fewer requests in flight than `affinity_free_slots`.
 A program placed on a replica stays there for all its turns, so placement also
 bounds the live programs (in flight, or between turns while a tool runs) per
 replica by the same ceil((1 + epsilon) * mean) where it can: the in-flight count
-at one instant misses every program that is away running a tool.
+at one instant misses every program that is away running a tool. Programs end
+at different times, though, and a replica left with far more live programs than
+the others, above ceil(affinity_load_factor * mean), gives up its returning
+programs to the others, free engine slots or not: on a compute-bound engine
+every program in a batch slows the others down, and that imbalance would last
+for the rest of those programs' lives.
 """
 
 from __future__ import annotations
@@ -137,6 +142,9 @@ class RoutingPolicy:
         affinity_capacity = max(
             load_capacity(loads, self.affinity_load_factor), self.affinity_free_slots
         )
+        crowded_above = math.ceil(
+            self.affinity_load_factor * sum(programs.values()) / len(programs)
+        )
 
         def fits(replica_id: str | None, limit: int = capacity) -> bool:
             return replica_id is not None and loads.get(replica_id, limit) < limit
@@ -144,12 +152,18 @@ class RoutingPolicy:
         def places(replica_id: str) -> bool:
             return fits(replica_id) and programs[replica_id] < program_capacity
 
+        def keeps(replica_id: str | None) -> bool:
+            """A returning program stays on this replica (alive: it fits a bound)."""
+            if replica_id is None or not fits(replica_id, affinity_capacity):
+                return False
+            return programs[replica_id] <= crowded_above
+
         stale_pin = None
         if program.pinned_replica is not None:
-            if fits(program.pinned_replica, affinity_capacity):
+            if keeps(program.pinned_replica):
                 return RoutingDecision(program.pinned_replica, RoutingReason.PINNED)
             stale_pin = program.pinned_replica
-        elif fits(program.previous_replica, affinity_capacity):
+        elif keeps(program.previous_replica):
             # Unpinned, the previous turn's KV is often still in that replica's cache.
             assert program.previous_replica is not None
             return RoutingDecision(program.previous_replica, RoutingReason.STICKY)

@@ -64,6 +64,8 @@ class Reply:
     executed_messages: tuple[dict[str, Any], ...] = ()
     """Tool calls the server ran and their results (engine-side continuation),
     to go into the conversation before the reply's own message."""
+    replica: str | None = None
+    """The model replica that answered (`X-Toolserve-Replica`), where the server says."""
 
     def assistant_message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": self.content or ""}

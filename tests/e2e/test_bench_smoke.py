@@ -65,6 +65,9 @@ def test_quick_benchmark_on_the_tiny_model(tmp_path: Path) -> None:
     for (_, program_id), count in turns.items():
         assert count == turns[("stock-vllm", program_id)]
     assert len(requests) == sum(turns.values())
+    # toolserve names the replica of every turn; stock servers name none.
+    for request in requests:
+        assert (request["replica"] is not None) == request["system"].startswith("toolserve")
 
     for name in PLOTS.values():
         assert (run_dir / name).read_bytes().startswith(b"\x89PNG")

@@ -14,6 +14,7 @@ import pytest
 from bench.driver import ClientStall, ProgramRecord, RequestRecord, StallMonitor
 from bench.metrics import (
     counter_totals,
+    jct_without_client_stalls,
     kv_cache_size_tokens,
     latency_by_turn_index,
     mean_jct_by_program,
@@ -420,3 +421,19 @@ def test_stall_monitor_records_the_moment_the_event_loop_was_blocked() -> None:
     assert all(0.1 <= stall.at_s <= 0.7 for stall in stalls), stalls
     assert 0.2 <= max(stall.lag_s for stall in stalls) <= 1.0
     assert stalls[0].as_json()["kind"] == "client_stall"
+
+
+def test_jct_without_client_stalls_subtracts_only_the_programs_own_run_and_lifetime() -> None:
+    program = replace(_program("toolserve", "p", 0.0), arrival_s=10.0, finished_s=50.0, jct_s=40.0)
+    stalls = [
+        ClientStall("toolserve", 0, at_s=5.0, lag_s=7.0, where="loop"),  # 2 s inside
+        ClientStall("toolserve", 0, at_s=20.0, lag_s=3.0, where="threads"),  # all inside
+        ClientStall("toolserve", 0, at_s=48.0, lag_s=10.0, where="loop"),  # 2 s inside
+        ClientStall("toolserve", 0, at_s=60.0, lag_s=5.0, where="loop"),  # after it ended
+        ClientStall("toolserve", 1, at_s=20.0, lag_s=5.0, where="loop"),  # another repeat
+        ClientStall("stock-vllm", 0, at_s=20.0, lag_s=5.0, where="loop"),  # another system
+    ]
+    assert jct_without_client_stalls(program, stalls) == pytest.approx(33.0)
+    figures = system_figures([program], [], 100.0, stalls=stalls[:4])
+    assert figures.client_stall_s == pytest.approx(25.0)
+    assert figures.jct_mean_without_client_stalls_s == pytest.approx(33.0)

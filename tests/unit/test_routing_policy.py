@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -60,6 +62,23 @@ def test_a_pin_owner_with_free_engine_slots_keeps_the_program_however_uneven() -
     # Free slots never place a new program: it is hashed within the tight bound.
     new = policy.choose(ProgramView("q", prefix_replicas={"a": 3}), {"a": 15, "b": 0})
     assert new.replica_id == "b"
+
+
+def test_a_replica_left_with_far_more_live_programs_gives_up_its_returning_ones() -> None:
+    policy = _policy(affinity_free_slots=32)
+    idle = {"a": 0, "b": 0}
+    # 10 live programs against 2: above ceil(1.5 x 6) = 9, free slots or not.
+    moved = policy.choose(ProgramView("p", pinned_replica="a"), idle, {"a": 10, "b": 2})
+    assert moved.replica_id == "b" and moved.reason is RoutingReason.FALLBACK
+    assert moved.stale_pin_replica == "a"
+    unpinned = policy.choose(ProgramView("p", previous_replica="a"), idle, {"a": 10, "b": 2})
+    assert unpinned.replica_id == "b" and unpinned.reason is RoutingReason.FALLBACK
+    # 9 against 3 is uneven but within the bound: a move's prefill is not worth it.
+    kept = policy.choose(ProgramView("p", pinned_replica="a"), idle, {"a": 9, "b": 3})
+    assert kept.replica_id == "a" and kept.reason is RoutingReason.PINNED
+    # One replica is never crowded.
+    alone = policy.choose(ProgramView("p", pinned_replica="a"), {"a": 0}, {"a": 12})
+    assert alone.replica_id == "a"
 
 
 def test_a_pin_on_a_dead_replica_is_stale() -> None:
@@ -134,6 +153,9 @@ def test_every_choice_respects_its_load_bound(
     assert decision.replica_id in loads
     if decision.reason in (RoutingReason.PINNED, RoutingReason.STICKY):
         bound = max(load_capacity(loads, AFFINITY_FACTOR), free_slots)
+        live_counts = [live.get(replica_id, 0) for replica_id in loads]
+        crowded_above = math.ceil(AFFINITY_FACTOR * sum(live_counts) / len(live_counts))
+        assert live.get(decision.replica_id, 0) <= crowded_above
     else:
         bound = load_capacity(loads, 1 + EPSILON)
     assert loads[decision.replica_id] + 1 <= bound
@@ -224,8 +246,9 @@ def test_new_programs_spread_by_live_programs_when_none_is_in_flight() -> None:
     owners_of_both = ProgramView("new", prefix_replicas={"a": 3, "b": 1})
     decision = _policy().choose(owners_of_both, idle, live_programs={"a": 3, "b": 2})
     assert decision.replica_id == "b" and decision.reason is RoutingReason.PREFIX
-    # Returning programs are not placed: they stay where their KV is.
-    back = _policy().choose(ProgramView("p", previous_replica="a"), idle, {"a": 9})
+    # Returning programs are not placed: they stay where their KV is, on a replica
+    # no new program would join (6 live, placement bound ceil(1.25 x 4.5) = 6).
+    back = _policy().choose(ProgramView("p", previous_replica="a"), idle, {"a": 6, "b": 2})
     assert back.replica_id == "a" and back.reason is RoutingReason.STICKY
 
 
