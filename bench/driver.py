@@ -303,6 +303,7 @@ async def run_workload(
     driver = Driver(base_url, model, system, repeat, draft_model)
     monitor = StallMonitor(system, repeat)
     requests: list[RequestRecord] = []
+    probing: asyncio.Task[None] | None = None
     try:
         await driver.warm_up()
         started = time.monotonic()
@@ -323,7 +324,8 @@ async def run_workload(
 
             records = await asyncio.gather(*(tracked(program) for program in programs))
         wall = time.monotonic() - started
-        probing.cancel()
     finally:
+        if probing is not None:
+            probing.cancel()
         await driver.close()
     return RunResult(requests, list(records), wall, monitor.stalls)

@@ -153,7 +153,8 @@ class RoutingPolicy:
             return fits(replica_id) and programs[replica_id] < program_capacity
 
         def keeps(replica_id: str | None) -> bool:
-            """A returning program stays on this replica (alive: it fits a bound)."""
+            """A returning program stays here: within the looser in-flight bound
+            (or free engine slots) and not crowded with live programs."""
             if replica_id is None or not fits(replica_id, affinity_capacity):
                 return False
             return programs[replica_id] <= crowded_above
