@@ -1,0 +1,9 @@
+import time, sys
+last = time.monotonic(); lastw=time.time()
+while True:
+    time.sleep(0.2)
+    now = time.monotonic()
+    gap = now - last
+    if gap > 1.0:
+        print(f"{time.strftime('%H:%M:%S')} gap {gap:.1f}s", flush=True)
+    last = now
