@@ -1,5 +1,6 @@
-import time, sys
-last = time.monotonic(); lastw=time.time()
+import time
+
+last = time.monotonic()
 while True:
     time.sleep(0.2)
     now = time.monotonic()
