@@ -89,12 +89,20 @@ class RunResult:
     stalls: list[ClientStall] = field(default_factory=list)
 
 
+STALL_PROBE_INTERVAL_S = 0.25
+STALL_THRESHOLD_S = 0.5
+
+
 class StallMonitor:
     """Probes the client's event loop and default thread pool every `interval_s`
     and keeps each probe that came back more than `threshold_s` late."""
 
     def __init__(
-        self, system: str, repeat: int, interval_s: float = 0.25, threshold_s: float = 0.5
+        self,
+        system: str,
+        repeat: int,
+        interval_s: float = STALL_PROBE_INTERVAL_S,
+        threshold_s: float = STALL_THRESHOLD_S,
     ):
         self._system = system
         self._repeat = repeat

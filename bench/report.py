@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.driver import ProgramRecord, RequestRecord
+from bench.driver import STALL_THRESHOLD_S, ProgramRecord, RequestRecord
 from bench.metrics import (
     BASELINE,
     latency_by_turn_index,
@@ -186,9 +186,9 @@ def _client_stalls(summary: dict[str, Any]) -> list[str]:
         "## Benchmark client stalls",
         "",
         "Time the benchmark client itself was stalled (its event loop or thread pool "
-        "late by more than 0.5 s; records of kind `client_stall`), summed over the "
-        "system's runs, and the mean JCT less the stalled time within each program's "
-        "lifetime. Stalls come from the machine, not the system under test; they "
+        f"late by more than {STALL_THRESHOLD_S} s; records of kind `client_stall`), "
+        "summed over the system's runs, and the mean JCT less the stalled time within "
+        "each program's lifetime. Stalls come from the machine, not the system under test; they "
         "inflate every latency the client measures, tool time included.",
         "",
         "| system | client stalled | JCT mean | JCT mean less client stalls |",
