@@ -282,3 +282,42 @@ def reported_rates(
     if returning_turns and summed(engine_returning):
         rates["pinned_kv_reuse_rate"] = summed(pin_hits) / returning_turns
     return rates
+
+
+# Work the engines did, from vLLM's own counters (exact, the same names on every
+# system; Ray prefixes them `ray_vllm_`): figure -> (counter, `source` label).
+ENGINE_COUNTERS: dict[str, tuple[str, str | None]] = {
+    "prompt_tokens": ("prompt_tokens", None),
+    "prompt_tokens_computed": ("prompt_tokens_by_source", "local_compute"),
+    "prompt_tokens_from_cache": ("prompt_tokens_by_source", "local_cache_hit"),
+    "generation_tokens": ("generation_tokens", None),
+    "preemptions": ("num_preemptions", None),
+}
+
+
+def engine_counters(metrics_text: str) -> dict[str, float]:
+    """Each ENGINE_COUNTERS figure summed over engines and replicas; a figure no
+    engine reported is absent."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    figures: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(metrics_text):
+            for sample in family.samples:
+                for figure, (counter, source) in ENGINE_COUNTERS.items():
+                    if sample.name in (f"vllm:{counter}_total", f"ray_vllm_{counter}_total") and (
+                        source is None or sample.labels.get("source") == source
+                    ):
+                        figures[figure] = figures.get(figure, 0.0) + sample.value
+    except ValueError:
+        return {}
+    return figures
+
+
+def engine_work(before_text: str, after_text: str) -> dict[str, float | None]:
+    """What the engines did between two scrapes of a system's metrics."""
+    before, after = engine_counters(before_text), engine_counters(after_text)
+    return {
+        figure: after[figure] - before.get(figure, 0.0) if figure in after else None
+        for figure in ENGINE_COUNTERS
+    }

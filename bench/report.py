@@ -203,49 +203,160 @@ def _client_stalls(summary: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _interval(value: dict[str, float] | None, unit: str = "", digits: int = 1) -> str:
+    if not value:
+        return "n/a"
+    return (
+        f"{value['estimate']:.{digits}f}{unit} "
+        f"[{value['low']:.{digits}f}, {value['high']:.{digits}f}]"
+    )
+
+
+def _provenance(summary: dict[str, Any]) -> list[str]:
+    provenance = summary.get("provenance") or {}
+    if not provenance:
+        return []
+    machine = provenance["machine"]
+    packages = ", ".join(
+        f"{name} {version}" for name, version in provenance["packages"].items() if version
+    )
+    warnings = []
+    if provenance["dirty"]:
+        warnings.append(
+            "**Recorded from a dirty tree** (`--allow-dirty`): "
+            + ", ".join(f"`{path}`" for path in provenance["dirty_paths"])
+        )
+    if provenance["code_changed_during_run"]:
+        warnings.append("**The code changed while the run was going:** rounds ran different code.")
+    return [
+        *[f"{warning}\n" for warning in warnings],
+        f"Code: commit `{provenance['commit']}`"
+        + (" (dirty)" if provenance["dirty"] else " (clean tree)")
+        + f"; {packages}. Run {provenance['started_utc']} to {provenance['finished_utc']}. "
+        f"Machine: {machine['cores']} cores ({machine['usable_cores']} usable), "
+        f"{machine['memory_gib']} GiB, {machine['cpu_model']}, {machine['architecture']}, "
+        f"Linux {machine['kernel']}, Python {machine['python']}.",
+        "",
+    ]
+
+
+def _comparisons(summary: dict[str, Any]) -> list[str]:
+    comparisons = summary.get("comparisons") or []
+    if not comparisons:
+        return []
+    lines = [
+        "## Comparisons (paired by round and program)",
+        "",
+        "Ratio of mean JCT, the reference's over the system's (above 1: the system is "
+        "faster), on the programs both completed, with its 95% bootstrap interval over "
+        "rounds and programs; the verdict is `not resolved` when the interval includes 1.0. "
+        "The last column repeats it with each program's JCT less the time the benchmark "
+        "client was stalled (secondary: see the A/A run for whether it narrows the noise).",
+        "",
+        "| system | reference | mean JCT ratio [95% CI] | per round | verdict "
+        "| less client stalls [95% CI] |",
+        "|---|---|---|---|---|---|",
+    ]
+    for entry in comparisons:
+        ratio, adjusted = entry["jct_mean"], entry["jct_mean_less_client_stalls"]
+        per_round = " / ".join(f"{value:.2f}" for value in ratio["per_round"]) if ratio else ""
+        lines.append(
+            f"| {entry['system']} | {entry['reference']} | {_interval(ratio, 'x', 2)} "
+            f"| {per_round} | {ratio['verdict'] if ratio else 'n/a'} "
+            f"| {_interval(adjusted, 'x', 2)} |"
+        )
+    return [*lines, ""]
+
+
+def _work(summary: dict[str, Any]) -> list[str]:
+    rows = {
+        name: figures["work"] for name, figures in summary["systems"].items() if figures.get("work")
+    }
+    if not rows:
+        return []
+
+    def cell(work: dict[str, Any], name: str, digits: int = 0) -> str:
+        mean = work[name]["mean"]
+        return "n/a" if mean is None else f"{mean:,.{digits}f}"
+
+    lines = [
+        "## Work done (mean per round)",
+        "",
+        "From the engines' own counters (`vllm:prompt_tokens`, "
+        "`vllm:prompt_tokens_by_source`, `vllm:generation_tokens`, `vllm:num_preemptions`; "
+        "scraped right before and after each run) and the kernel's CPU time of each "
+        "system's whole process tree during the run (engine cores: vLLM's EngineCore "
+        "processes). The same method for every system; less sensitive to a noisy machine "
+        "than times. vLLM 0.32 does not export the tokens it recomputes after a "
+        "preemption, so they are not here.",
+        "",
+        "| system | prompt tokens | computed | from cache | generated | preemptions "
+        "| CPU s (all) | CPU s (engine cores) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, work in rows.items():
+        lines.append(
+            f"| {name} | {cell(work, 'prompt_tokens')} | {cell(work, 'prompt_tokens_computed')} "
+            f"| {cell(work, 'prompt_tokens_from_cache')} | {cell(work, 'generation_tokens')} "
+            f"| {cell(work, 'preemptions', 1)} | {cell(work, 'cpu_total_s')} "
+            f"| {cell(work, 'cpu_engine_core_s')} |"
+        )
+    return [*lines, ""]
+
+
 def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
     settings = summary["settings"]
+    orders = "; ".join(" ".join(order) for order in summary["round_orders"])
     lines = [
         f"# Benchmark: {summary['workload']} ({summary['size']})",
         "",
-        f"Command: `{summary['command']}`",
+        "Command:",
         "",
+        f"```\n{summary['command']}\n```",
+        "",
+        *_provenance(summary),
         f"Workload: {summary['workload_description']}. Seed {summary['seed']}, "
-        f"{summary['repeats']} repeat(s) per system, systems run one after another "
-        f"({' '.join(summary['order'])}).",
+        f"{summary['rounds']} round(s), each system once per round in a random order "
+        f"(seed {summary['order_seed']}): {orders}."
+        + (" A/A run: one system as two arms." if summary.get("aa") else ""),
         "",
         f"Engine for every system: `{settings['model']}` ({settings['dtype']}, eager="
         f"{settings['enforce_eager']}), KV cache {settings['kv_cache_mib']} MiB "
         f"({_format(settings.get('kv_cache_tokens'), ' tokens')}), max_model_len "
         f"{settings['max_model_len']}, block size {settings['block_size']}, prefix caching on, "
-        f"OpenMP threads bound to CPUs {settings['cpu_threads_bind']}. Machine: "
-        f"{summary['machine']}.",
+        f"OpenMP threads bound to CPUs {settings['cpu_threads_bind']}. Process environment "
+        "of every system: "
+        + ", ".join(f"`{k}={v}`" for k, v in settings["process_environment"].items())
+        + ".",
         "",
         "## Job completion time and latency",
         "",
-        "| system | programs (failed) | JCT mean | p50 | p90 | p99 | turn latency median "
-        "| tokens/s | JCT mean ratio vs stock vLLM | time saved vs stock vLLM |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "Each with its 95% bootstrap interval over rounds and programs.",
+        "",
+        "| system | programs (failed) | JCT mean | median | p90 | p99 | turn latency median "
+        "| tokens/s | time saved vs stock vLLM |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    ratios = summary["ratios_vs_stock_vllm"]
     for name, figures in summary["systems"].items():
         if "error" in figures:
-            lines.append(f"| {name} | failed: {figures['error']} | | | | | | | | |")
+            lines.append(f"| {name} | failed: {figures['error']} | | | | | | | |")
             continue
-        ratio = ratios.get(name, {}).get("jct_mean")
+        intervals = figures["intervals"]
         lines.append(
             f"| {name} | {figures['programs']} ({figures['failed_programs']}) "
-            f"| {_format(figures['jct_mean_s'], ' s')} | {_format(figures['jct_p50_s'], ' s')} "
-            f"| {_format(figures['jct_p90_s'], ' s')} | {_format(figures['jct_p99_s'], ' s')} "
+            f"| {_interval(intervals['jct_mean_s'], ' s')} "
+            f"| {_interval(intervals['jct_median_s'], ' s')} "
+            f"| {_interval(intervals['jct_p90_s'], ' s')} | {_format(figures['jct_p99_s'], ' s')} "
             f"| {_format(figures['turn_latency_median_s'], ' s')} "
-            f"| {_format(figures['tokens_per_s'], '', 1)} | {_format(ratio, 'x')} "
+            f"| {_format(figures['tokens_per_s'], '', 1)} "
             f"| {_format(figures['time_saved_vs_stock_vllm_pct'], '%', 1)} |"
         )
     lines += [
         "",
-        "Ratios are stock vLLM's figure divided by the system's (above 1: faster). "
         "Time saved compares total job time over the programs both systems completed.",
         "",
+        *_comparisons(summary),
+        *_work(summary),
         *_client_stalls(summary),
         *_memory_pressure(summary),
         "## Hit rates",

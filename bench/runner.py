@@ -1,43 +1,49 @@
-"""`toolserve bench`: runs one workload on several systems, one after another,
-and writes the run's records, summary, report and plots."""
+"""`toolserve bench`: runs one workload on several systems in rounds (every system
+once per round, in a seeded random order) and writes the run's records,
+summary, report and plots."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.cpu import CpuUse, ProcessTreeCpu
 from bench.driver import ClientStall, ProgramRecord, RequestRecord, RunResult, run_workload
 from bench.metrics import (
     BASELINE,
+    ENGINE_COUNTERS,
     RATE_NAMES,
+    engine_work,
+    jct_without_client_stalls,
     kv_cache_size_tokens,
     mean_jct_by_program,
-    ratio,
     reported_rates,
     system_figures,
     time_saved_pct,
 )
+from bench.provenance import Provenance, note_code_state, start_provenance, utc_now
 from bench.report import write_markdown, write_plots, write_summary
+from bench.stats import STATISTICS, bootstrap, paired_ratio, round_orders
 from bench.systems import (
     EngineSettings,
+    LaunchPlan,
     engine_settings,
     scrape_metrics,
     system_catalog,
     with_overrides,
 )
 from bench.workloads import Size, plan_workload
-from cluster.config import ToolserveConfig, load_config
+from cluster.config import REPO_ROOT, ToolserveConfig, load_config
 
 Log = Callable[[str], None]
 _READY_TIMEOUT_S = 900.0
 _METRICS_SETTLE_S = 3.0
+AA_ARMS = ("A", "B")
 
 
 @dataclass(frozen=True)
@@ -50,25 +56,62 @@ class BenchOptions:
     config_path: Path | None
     output_dir: Path
     run_name: str
-    command: str
+    argv: Sequence[str]
     model: str | None = None
     kv_cache_mib: int | None = None
     show_progress: bool = True
     config_overrides: dict[str, Any] = field(default_factory=dict)
+    aa: bool = False
+    """A/A: the one system in `systems` runs as two arms in every round."""
+    order_seed: int | None = None
+    """Seed of the rounds' run orders (default: `seed`)."""
+    allow_dirty: bool = False
+
+
+def arms_of(options: BenchOptions) -> dict[str, str]:
+    """Arm label -> system name. An A/A run's arms are one system twice."""
+    if not options.aa:
+        return {name: name for name in options.systems}
+    if len(options.systems) != 1:
+        raise ValueError("an A/A run takes exactly one system")
+    (system,) = options.systems
+    return {f"{system}#{arm}": system for arm in AA_ARMS}
 
 
 @dataclass
-class SystemRuns:
-    """Everything one system produced across its repeats."""
+class ArmRun:
+    """What one arm produced in one round."""
 
-    programs: list[ProgramRecord] = field(default_factory=list)
-    requests: list[RequestRecord] = field(default_factory=list)
-    wall_s: float = 0.0
-    startup_s: list[float] = field(default_factory=list)
-    rates: list[dict[str, float | None]] = field(default_factory=list)
-    stalls: list[ClientStall] = field(default_factory=list)
-    kv_cache_tokens: int | None = None
-    error: str | None = None
+    round: int
+    programs: list[ProgramRecord]
+    requests: list[RequestRecord]
+    stalls: list[ClientStall]
+    wall_s: float
+    startup_s: float
+    rates: dict[str, float | None]
+    work: dict[str, float | None]
+    cpu: CpuUse
+    kv_cache_tokens: int | None
+
+
+@dataclass
+class ArmRuns:
+    system: str
+    runs: list[ArmRun] = field(default_factory=list)
+    launch: dict[str, Any] | None = None
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def programs(self) -> list[ProgramRecord]:
+        return [program for run in self.runs for program in run.programs]
+
+    @property
+    def requests(self) -> list[RequestRecord]:
+        return [request for run in self.runs for request in run.requests]
+
+    @property
+    def stalls(self) -> list[ClientStall]:
+        return [stall for run in self.runs for stall in run.stalls]
 
 
 def _raw_config(options: BenchOptions) -> dict[str, Any]:
@@ -89,6 +132,12 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
     unknown = [name for name in options.systems if name not in catalog]
     if unknown:
         raise ValueError(f"unknown systems {unknown}; known: {', '.join(catalog)}")
+    if options.repeats < 1:
+        raise ValueError("--repeats must be at least 1")
+    arms = arms_of(options)
+    provenance = start_provenance(
+        ["toolserve", *options.argv], REPO_ROOT, options.output_dir, options.allow_dirty
+    )
     raw_config = with_overrides(_raw_config(options), plan.toolserve_overrides)
     config = ToolserveConfig.model_validate(raw_config)
     kv_cache_mib = options.kv_cache_mib or plan.kv_cache_mib
@@ -99,33 +148,50 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
     records_path = run_dir / "records.jsonl"
     records_path.write_text("")
     log = _also_to_file(log, run_dir / "console.log")
-    order = [name for _ in range(options.repeats) for name in options.systems]
+    order_seed = options.seed if options.order_seed is None else options.order_seed
+    orders = round_orders(list(arms), options.repeats, order_seed)
     log(f"bench: {plan.description}")
-    log(f"bench: {len(order)} system runs ({', '.join(order)}) -> {run_dir}")
+    if provenance.dirty:
+        log(f"bench: WARNING: recording from a dirty tree: {', '.join(provenance.dirty_paths)}")
+    log(
+        f"bench: {options.repeats} round(s) of {len(arms)} arms at {provenance.commit}, "
+        f"orders {orders} (seed {order_seed}) -> {run_dir}"
+    )
 
-    runs: dict[str, SystemRuns] = {name: SystemRuns() for name in options.systems}
-    for position, name in enumerate(order):
-        repeat = position // len(options.systems)
-        result = _run_system(
-            options, plan.build, name, repeat, settings, raw_config, run_dir, runs, log
-        )
-        if result is None:
-            continue
-        with records_path.open("a") as records:
-            for line in (
-                [r.as_json() for r in result.requests]
-                + [p.as_json() for p in result.programs]
-                + [s.as_json() for s in result.stalls]
-            ):
-                records.write(json.dumps(line) + "\n")
+    runs = {label: ArmRuns(system) for label, system in arms.items()}
+    for round_index, order in enumerate(orders):
+        for label in order:
+            if not note_code_state(provenance, REPO_ROOT, options.output_dir):
+                log("bench: WARNING: the code changed since the run started; the report says so")
+            arm_run = _run_arm(
+                options, plan.build, label, round_index, settings, raw_config, run_dir, runs, log
+            )
+            if arm_run is None:
+                continue
+            with records_path.open("a") as records:
+                for line in (
+                    [r.as_json() for r in arm_run.requests]
+                    + [p.as_json() for p in arm_run.programs]
+                    + [s.as_json() for s in arm_run.stalls]
+                ):
+                    records.write(json.dumps(line) + "\n")
+    note_code_state(provenance, REPO_ROOT, options.output_dir)
+    provenance.finished_utc = utc_now()
 
     summary = summarize(
-        options, plan.description, settings, kv_cache_mib, order, runs, plan.reference_system
+        options,
+        plan.description,
+        settings,
+        kv_cache_mib,
+        orders,
+        runs,
+        provenance,
+        order_seed,
+        plan.reference_system,
     )
     write_summary(run_dir, summary)
-    all_programs = [p for runs_of in runs.values() for p in runs_of.programs]
-    all_requests = [r for runs_of in runs.values() for r in runs_of.requests]
-    write_plots(run_dir, list(options.systems), all_programs, all_requests)
+    write_plots(run_dir, list(runs), [p for r in runs.values() for p in r.programs],
+                [q for r in runs.values() for q in r.requests])  # fmt: skip
     report = write_markdown(run_dir, summary)
     log(f"bench: report at {report}")
     return run_dir
@@ -143,71 +209,144 @@ def _also_to_file(log: Log, path: Path) -> Log:
     return log_and_keep
 
 
-def _run_system(
+def _run_arm(
     options: BenchOptions,
     build: Callable[[int], Sequence[Any]],
-    name: str,
-    repeat: int,
+    label: str,
+    round_index: int,
     settings: EngineSettings,
     raw_config: dict[str, Any],
     run_dir: Path,
-    runs: dict[str, SystemRuns],
+    runs: dict[str, ArmRuns],
     log: Log,
-) -> RunResult | None:
-    spec = system_catalog()[name]
-    tag = f"{name}-r{repeat}"
-    process, endpoint = spec.launch(settings, raw_config, run_dir, tag)
-    log(f"bench: starting {name} (repeat {repeat}); log {run_dir / 'logs' / (tag + '.log')}")
+) -> ArmRun | None:
+    arm = runs[label]
+    spec = system_catalog()[arm.system]
+    tag = f"{label}-r{round_index}"
+    launch: LaunchPlan = spec.plan(settings, raw_config, run_dir, tag)
+    arm.launch = arm.launch or launch.as_json()
+    endpoint = launch.endpoint
+    process = launch.process()
+    log(f"bench: starting {label} (round {round_index}); log {launch.log_path}")
     started = time.monotonic()
     try:
         process.start()
         process.wait_ready(endpoint.base_url, settings.served_model_name, _READY_TIMEOUT_S)
         startup = time.monotonic() - started
-        log(f"bench: {name} ready in {startup:.0f}s; running {options.workload}")
+        log(f"bench: {label} ready in {startup:.0f}s; running {options.workload}")
         draft = (raw_config.get("draft") or {}).get("engine", {}).get("served_model_name")
-        result = asyncio.run(
-            run_workload(
-                build(options.seed),
-                endpoint.base_url,
-                settings.served_model_name,
-                name,
-                repeat,
-                options.show_progress,
-                draft_model=draft if spec.client_speculation else None,
-            )
-        )
         time.sleep(_METRICS_SETTLE_S)
-        metrics_text = scrape_metrics(endpoint.metrics_url)
+        metrics_before = scrape_metrics(endpoint.metrics_url)
+        cpu = ProcessTreeCpu(process.pid)
+        cpu.start()
+        try:
+            result: RunResult = asyncio.run(
+                run_workload(
+                    build(options.seed),
+                    endpoint.base_url,
+                    settings.served_model_name,
+                    label,
+                    round_index,
+                    options.show_progress,
+                    draft_model=draft if spec.client_speculation else None,
+                )
+            )
+        finally:
+            cpu_use = cpu.stop()
+        time.sleep(_METRICS_SETTLE_S)
+        metrics_after = scrape_metrics(endpoint.metrics_url)
     except RuntimeError as error:
-        log(f"bench: {name} failed: {error}")
-        runs[name].error = str(error)
+        log(f"bench: {label} failed: {error}")
+        arm.errors.append(f"round {round_index}: {error}")
         return None
     finally:
-        log(f"bench: stopping {name}")
+        log(f"bench: stopping {label}")
         process.stop()
-    (run_dir / "logs" / f"{tag}.metrics.txt").write_text(metrics_text)
-    system_runs = runs[name]
-    system_runs.programs += result.programs
-    system_runs.requests += result.requests
-    system_runs.wall_s += result.wall_s
-    system_runs.stalls += result.stalls
-    system_runs.startup_s.append(startup)
+    (run_dir / "logs" / f"{tag}.metrics.txt").write_text(metrics_after)
+    (run_dir / "logs" / f"{tag}.metrics-before.txt").write_text(metrics_before)
     returning_turns = sum(request.turn_index > 0 for request in result.requests)
-    system_runs.rates.append(reported_rates(metrics_text, returning_turns))
-    system_runs.kv_cache_tokens = kv_cache_size_tokens(metrics_text) or system_runs.kv_cache_tokens
+    arm_run = ArmRun(
+        round=round_index,
+        programs=result.programs,
+        requests=result.requests,
+        stalls=result.stalls,
+        wall_s=result.wall_s,
+        startup_s=startup,
+        rates=reported_rates(metrics_after, returning_turns),
+        work=engine_work(metrics_before, metrics_after),
+        cpu=cpu_use,
+        kv_cache_tokens=kv_cache_size_tokens(metrics_after),
+    )
+    arm.runs.append(arm_run)
     failed = sum(program.error is not None for program in result.programs)
     stalled = [stall.lag_s for stall in result.stalls]
     log(
-        f"bench: {name} done in {result.wall_s:.0f}s, {len(result.requests)} requests, "
-        f"{failed} failed programs; client stalls: {len(stalled)}, "
+        f"bench: {label} done in {result.wall_s:.0f}s, {len(result.requests)} requests, "
+        f"{failed} failed programs; CPU {cpu_use.total_s:.0f}s "
+        f"(engine cores {cpu_use.engine_core_s:.0f}s); client stalls: {len(stalled)}, "
         f"longest {max(stalled, default=0.0):.1f}s, total {sum(stalled):.1f}s"
     )
-    return result
+    return arm_run
 
 
-def _mean_rate(samples: list[dict[str, float | None]], rate: str) -> float | None:
-    values = [sample[rate] for sample in samples if sample.get(rate) is not None]
-    return sum(values) / len(values) if values else None  # type: ignore[arg-type]
+def _mean(values: Sequence[float | None]) -> float | None:
+    present = [value for value in values if value is not None]
+    return sum(present) / len(present) if present else None
+
+
+def _jct_by_round(arm: ArmRuns, rounds: int, less_stalls: bool = False) -> list[dict[str, float]]:
+    """Per round, program id -> JCT of the programs the arm completed."""
+    by_round: list[dict[str, float]] = [{} for _ in range(rounds)]
+    for run in arm.runs:
+        for program in run.programs:
+            if program.error is None:
+                by_round[run.round][program.program_id] = (
+                    jct_without_client_stalls(program, run.stalls) if less_stalls else program.jct_s
+                )
+    return by_round
+
+
+def _intervals(arm: ArmRuns, rounds: int, seed: int) -> dict[str, Any]:
+    jct = [list(values.values()) for values in _jct_by_round(arm, rounds)]
+    less_stalls = [list(values.values()) for values in _jct_by_round(arm, rounds, True)]
+    intervals = {
+        f"jct_{name}_s": bootstrap(jct, statistic, seed) for name, statistic in STATISTICS.items()
+    }
+    intervals["jct_mean_less_client_stalls_s"] = bootstrap(less_stalls, STATISTICS["mean"], seed)
+    return {name: value.as_json() if value else None for name, value in intervals.items()}
+
+
+def _work(arm: ArmRuns) -> dict[str, Any]:
+    """Engine counters and CPU seconds: the mean per round and each round's."""
+    per_round: dict[str, list[float | None]] = {name: [] for name in ENGINE_COUNTERS}
+    per_round |= {"cpu_total_s": [], "cpu_engine_core_s": []}
+    for run in sorted(arm.runs, key=lambda run: run.round):
+        for name in ENGINE_COUNTERS:
+            per_round[name].append(run.work.get(name))
+        for name, value in run.cpu.as_json().items():
+            per_round[name].append(value)
+    return {
+        name: {"mean": _mean(values), "per_round": values} for name, values in per_round.items()
+    }
+
+
+def comparison_pairs(labels: Sequence[str]) -> list[tuple[str, str]]:
+    """(reference, system) pairs: every arm against the first (stock vLLM in the
+    default set), and toolserve against each of its variants (what the mechanism
+    it lacks is worth)."""
+    if not labels:
+        return []
+    reference, *others = labels
+    pairs = [(reference, label) for label in others]
+    if "toolserve" in labels:
+        pairs += [
+            (label, "toolserve")
+            for label in labels
+            if label.startswith("toolserve-")
+            and (label, "toolserve") not in pairs
+            and label != reference
+        ]
+    return pairs
 
 
 def summarize(
@@ -215,87 +354,101 @@ def summarize(
     description: str,
     settings: EngineSettings,
     kv_cache_mib: int,
-    order: list[str],
-    runs: dict[str, SystemRuns],
+    orders: list[list[str]],
+    runs: dict[str, ArmRuns],
+    provenance: Provenance,
+    order_seed: int,
     reference_system: str | None = None,
 ) -> dict[str, Any]:
+    rounds = len(orders)
     baseline = runs.get(BASELINE)
     baseline_jct = mean_jct_by_program(baseline.programs) if baseline else None
     systems: dict[str, Any] = {}
-    for name, system_runs in runs.items():
-        if not system_runs.programs:
-            systems[name] = {"error": system_runs.error or "no programs ran"}
+    for label, arm in runs.items():
+        if not arm.runs:
+            systems[label] = {"error": "; ".join(arm.errors) or "no programs ran"}
             continue
         figures = system_figures(
-            system_runs.programs,
-            system_runs.requests,
-            system_runs.wall_s,
-            baseline_jct if name != BASELINE else None,
-            system_runs.stalls,
+            arm.programs,
+            arm.requests,
+            sum(run.wall_s for run in arm.runs),
+            baseline_jct if label != BASELINE else None,
+            arm.stalls,
         )
-        systems[name] = {
+        systems[label] = {
+            "system": arm.system,
+            "rounds_completed": len(arm.runs),
+            "errors": arm.errors,
             **figures.__dict__,
-            **{rate: _mean_rate(system_runs.rates, rate) for rate in RATE_NAMES},
-            "startup_s": system_runs.startup_s,
+            **{rate: _mean([run.rates.get(rate) for run in arm.runs]) for rate in RATE_NAMES},
+            "startup_s": [run.startup_s for run in arm.runs],
+            "intervals": _intervals(arm, rounds, options.seed),
+            "work": _work(arm),
         }
-    ratios: dict[str, Any] = {}
-    stock = systems.get(BASELINE, {})
-    if "jct_mean_s" in stock:
-        for name, figures in systems.items():
-            if "jct_mean_s" in figures:
-                ratios[name] = {
-                    "jct_mean": ratio(stock["jct_mean_s"], figures["jct_mean_s"]),
-                    "jct_p90": ratio(stock["jct_p90_s"], figures["jct_p90_s"]),
-                    "turn_latency_median": ratio(
-                        stock["turn_latency_median_s"], figures["turn_latency_median_s"]
-                    ),
-                }
+    comparisons = []
+    for reference, label in comparison_pairs(list(runs)):
+        if not (runs[reference].runs and runs[label].runs):
+            continue
+        entry: dict[str, Any] = {"reference": reference, "system": label}
+        for figure, less_stalls in (("jct_mean", False), ("jct_mean_less_client_stalls", True)):
+            paired = paired_ratio(
+                _jct_by_round(runs[reference], rounds, less_stalls),
+                _jct_by_round(runs[label], rounds, less_stalls),
+                seed=options.seed,
+            )
+            entry[figure] = paired.as_json() if paired else None
+        comparisons.append(entry)
+    capacity = next(
+        (run.kv_cache_tokens for arm in runs.values() for run in arm.runs if run.kv_cache_tokens),
+        None,
+    )
     return {
-        "command": options.command,
+        "provenance": provenance.as_json(),
+        "command": provenance.command,
         "workload": options.workload,
         "workload_description": description,
         "size": options.size,
         "seed": options.seed,
-        "repeats": options.repeats,
-        "order": order,
-        "machine": f"{os.cpu_count()} CPUs, {platform.machine()}, "
-        f"Python {platform.python_version()}",
+        "rounds": rounds,
+        "order_seed": order_seed,
+        "round_orders": orders,
+        "aa": options.aa,
+        "arms": {label: arm.system for label, arm in runs.items()},
         "settings": {
             "model": settings.model_path.rsplit("/", 1)[-1],
             "dtype": settings.dtype,
             "enforce_eager": settings.enforce_eager,
             "kv_cache_mib": kv_cache_mib,
-            "kv_cache_tokens": next(
-                (runs_of.kv_cache_tokens for runs_of in runs.values() if runs_of.kv_cache_tokens),
-                None,
-            ),
+            "kv_cache_tokens": capacity,
             "max_model_len": settings.max_model_len,
             "block_size": settings.block_size,
             "max_num_seqs": settings.max_num_seqs,
             "cpu_threads_bind": settings.cpu_threads_bind,
+            "process_environment": settings.process_environment(),
         },
         "systems": systems,
-        "ratios_vs_stock_vllm": ratios,
+        "comparisons": comparisons,
+        "effective_configuration": {label: arm.launch for label, arm in runs.items()},
         **_time_saved_by_agent_type(runs, reference_system),
     }
 
 
 def _time_saved_by_agent_type(
-    runs: dict[str, SystemRuns], reference_system: str | None
+    runs: dict[str, ArmRuns], reference_system: str | None
 ) -> dict[str, Any]:
     """Per agent kind, each system's percent of the reference system's job time
     saved (the speculation workload's kinds differ by tool latency)."""
     reference = runs.get(reference_system) if reference_system else None
-    if reference is None or not reference.programs:
+    if reference is None or not reference.runs:
         return {}
     kinds = sorted({program.agent_type for program in reference.programs})
     table: dict[str, dict[str, float | None]] = {}
-    for name, system_runs in runs.items():
-        if name == reference_system or not system_runs.programs:
+    for label, arm in runs.items():
+        if label == reference_system or not arm.runs:
             continue
-        table[name] = {
+        table[label] = {
             kind: time_saved_pct(
-                mean_jct_by_program(p for p in system_runs.programs if p.agent_type == kind),
+                mean_jct_by_program(p for p in arm.programs if p.agent_type == kind),
                 mean_jct_by_program(p for p in reference.programs if p.agent_type == kind),
             )
             for kind in kinds

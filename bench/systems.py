@@ -4,7 +4,11 @@ on the same model, KV budget and CPU binding, and stopped before the next one.
 - `stock-vllm`: vLLM's own OpenAI server, prefix caching on, default scheduler.
 - `stock-ray-serve-llm`: Ray Serve LLM's `build_openai_app`, default router.
 - `toolserve`: this project with everything on; `toolserve-no-<mechanism>`
-  ablations switch one mechanism off through configuration overrides.
+  ablations switch one mechanism off through configuration overrides, and
+  `toolserve-fixed-ttl` pins for Continuum's static 2 s instead of the cost
+  model's TTL.
+- Every system starts with the same engine settings (`EngineSettings`) and the
+  same process environment (`EngineSettings.process_environment`).
 - Speculation variants (`SPECULATION_VARIANTS`): toolserve with its tool
   mechanisms in turn, one of them with the client speculating itself.
 """
@@ -36,7 +40,13 @@ _STOP_GRACE_S = 90.0
 # Mechanism name -> configuration overrides (dotted paths) that switch it off.
 # Each mechanism's issue adds its entry, so `toolserve-no-<name>` becomes a system.
 ABLATIONS: dict[str, dict[str, Any]] = {
-    "pinning": {"main.pinning.mode": "off", "main.pinning.program_fcfs": False},
+    "pinning": {"main.pinning.mode": "off"},
+    "fcfs": {"main.pinning.program_fcfs": False},
+}
+# toolserve with a mechanism replaced by a published baseline's version of it.
+VARIANTS: dict[str, dict[str, Any]] = {
+    # Continuum's static-TTL baseline: every pin lasts 2 s, whatever the tool.
+    "toolserve-fixed-ttl": {"main.pinning.mode": "fixed", "main.pinning.fixed_ttl_s": 2.0},
 }
 # toolserve with Ray Serve's own routers in place of its session router; they only
 # differ from it with several main replicas (`--set main.num_replicas=2`).
@@ -99,8 +109,34 @@ class EngineSettings:
             "enable_prompt_tokens_details": True,
         }
 
-    def engine_environment(self) -> dict[str, str]:
-        return {"VLLM_CPU_OMP_THREADS_BIND": self.cpu_threads_bind}
+    def process_environment(self) -> dict[str, str]:
+        """The environment every system's processes start with, whichever system:
+        the one place a benchmark sets niceness, threads and metric intervals."""
+        return {
+            # vLLM's CPU backend binds the engine's OpenMP threads to these cores.
+            "VLLM_CPU_OMP_THREADS_BIND": self.cpu_threads_bind,
+            # OpenMP elsewhere (Ray's workers, numpy) gets as many threads as the
+            # engine has cores, rather than each library's own guess.
+            "OMP_NUM_THREADS": str(bound_core_count(self.cpu_threads_bind)),
+            # Ray starts workers at niceness 15 unless told: an engine inside Ray
+            # would yield the CPU to every other process, vLLM's own server would not.
+            "RAY_worker_niceness": "0",
+            # Ray's processes report metrics every 10 s by default; the benchmark
+            # scrapes right before and after a run.
+            "RAY_metrics_report_interval_ms": "1000",
+        }
+
+
+def bound_core_count(binding: str) -> int:
+    """Cores in a VLLM_CPU_OMP_THREADS_BIND value (`0-1`, `0,2`, `0-3|4-7`);
+    all the machine's for `auto` and `nobind`."""
+    if binding in ("auto", "nobind"):
+        return os.cpu_count() or 1
+    cores: set[int] = set()
+    for part in binding.replace("|", ",").split(","):
+        low, _, high = part.partition("-")
+        cores.update(range(int(low), int(high or low) + 1))
+    return len(cores)
 
 
 def engine_settings(
@@ -187,6 +223,11 @@ class ServerProcess:
                 preexec_fn=_terminate_with_parent,
             )
 
+    @property
+    def pid(self) -> int:
+        assert self._process is not None, "not started"
+        return self._process.pid
+
     def wait_ready(self, base_url: str, model: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -234,6 +275,29 @@ class ServerProcess:
 
 
 @dataclass(frozen=True)
+class LaunchPlan:
+    """Everything one system run starts with: its command, environment and, for
+    toolserve, its full configuration (also written next to its log)."""
+
+    command: list[str]
+    environment: dict[str, str]
+    log_path: Path
+    endpoint: Endpoint
+    ready_line: str | None = None
+    toolserve_config: dict[str, Any] | None = None
+
+    def process(self) -> ServerProcess:
+        return ServerProcess(self.command, self.environment, self.log_path, self.ready_line)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "command": self.command,
+            "environment": self.environment,
+            "toolserve_config": self.toolserve_config,
+        }
+
+
+@dataclass(frozen=True)
 class SystemSpec:
     """How to start one system; `overrides` apply to toolserve's configuration."""
 
@@ -242,61 +306,63 @@ class SystemSpec:
     overrides: dict[str, Any]
     client_speculation: bool = False
 
-    def launch(
+    def plan(
         self, settings: EngineSettings, base_config: dict[str, Any], workdir: Path, tag: str
-    ) -> tuple[ServerProcess, Endpoint]:
+    ) -> LaunchPlan:
         port = free_port()
         base_url = f"http://127.0.0.1:{port}/v1"
         log_path = workdir / "logs" / f"{tag}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        environment = settings.process_environment()
         if self.kind == "stock-vllm":
-            process = ServerProcess(
-                stock_vllm_command(settings, port), settings.engine_environment(), log_path
-            )
             endpoint = Endpoint(base_url, f"http://127.0.0.1:{port}/metrics")
-        elif self.kind == "stock-ray-serve-llm":
-            metrics_port = free_port()
+            return LaunchPlan(stock_vllm_command(settings, port), environment, log_path, endpoint)
+        metrics_port = free_port()
+        endpoint = Endpoint(base_url, f"http://127.0.0.1:{metrics_port}/metrics")
+        if self.kind == "stock-ray-serve-llm":
             settings_path = workdir / "logs" / f"{tag}.settings.json"
-            settings_path.parent.mkdir(parents=True, exist_ok=True)
             settings_path.write_text(json.dumps(asdict(settings), indent=2))
             command = [
                 sys.executable, "-m", "bench.baselines.ray_serve_llm",
                 "--settings", str(settings_path), "--port", str(port),
                 "--metrics-port", str(metrics_port),
             ]  # fmt: skip
-            process = ServerProcess(command, _RAY_METRICS_ENV, log_path)
-            endpoint = Endpoint(base_url, f"http://127.0.0.1:{metrics_port}/metrics")
-        else:
-            metrics_port = free_port()
-            raw = with_overrides(
-                base_config,
-                {
-                    "main.engine.max_model_len": settings.max_model_len,
-                    "main.engine.kv_cache_memory_bytes": settings.kv_cache_memory_bytes,
-                    "main.engine.model": settings.model_path,
-                    **(
-                        {"draft.engine.model": settings.model_path}
-                        if base_config.get("draft_placement") == "main_replicas"
-                        else {}
-                    ),
-                    "server.port": port,
-                    "ray.metrics_export_port": metrics_port,
-                    **self.overrides,
-                },
-            )
-            ToolserveConfig.model_validate(raw)
-            config_path = workdir / "logs" / f"{tag}.yaml"
-            config_path.parent.mkdir(parents=True, exist_ok=True)
-            config_path.write_text(yaml.safe_dump(raw, sort_keys=False))
-            command = [sys.executable, "-m", "cluster.cli", "up", "--config", str(config_path)]
-            # `toolserve up` says so once every configured replica's engine is ready.
-            process = ServerProcess(command, _RAY_METRICS_ENV, log_path, "[toolserve] ready in ")
-            endpoint = Endpoint(base_url, f"http://127.0.0.1:{metrics_port}/metrics")
-        return process, endpoint
+            return LaunchPlan(command, environment, log_path, endpoint)
+        raw = toolserve_config(settings, base_config, self.overrides, port, metrics_port)
+        config_path = workdir / "logs" / f"{tag}.yaml"
+        config_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        command = [sys.executable, "-m", "cluster.cli", "up", "--config", str(config_path)]
+        # `toolserve up` says so once every configured replica's engine is ready.
+        return LaunchPlan(command, environment, log_path, endpoint, "[toolserve] ready in ", raw)
 
 
-# Ray's processes report metrics to the node's agent every 10 s by default; the
-# benchmark scrapes right after a run, so it asks for a short interval.
-_RAY_METRICS_ENV = {"RAY_metrics_report_interval_ms": "1000"}
+def toolserve_config(
+    settings: EngineSettings,
+    base_config: dict[str, Any],
+    overrides: dict[str, Any],
+    port: int,
+    metrics_port: int,
+) -> dict[str, Any]:
+    """A toolserve system's configuration: the profile with the benchmark's engine
+    settings, ports and the system's own overrides."""
+    raw = with_overrides(
+        base_config,
+        {
+            "main.engine.max_model_len": settings.max_model_len,
+            "main.engine.kv_cache_memory_bytes": settings.kv_cache_memory_bytes,
+            "main.engine.model": settings.model_path,
+            **(
+                {"draft.engine.model": settings.model_path}
+                if base_config.get("draft_placement") == "main_replicas"
+                else {}
+            ),
+            "server.port": port,
+            "ray.metrics_export_port": metrics_port,
+            **overrides,
+        },
+    )
+    ToolserveConfig.model_validate(raw)
+    return raw
 
 
 def stock_vllm_command(settings: EngineSettings, port: int) -> list[str]:
@@ -322,6 +388,7 @@ def stock_vllm_command(settings: EngineSettings, port: int) -> list[str]:
 
 
 BASELINE_SYSTEMS = ("stock-vllm", "stock-ray-serve-llm", "toolserve")
+A_A_DEFAULT_SYSTEM = "stock-vllm"
 
 
 def system_catalog() -> dict[str, SystemSpec]:
@@ -329,7 +396,7 @@ def system_catalog() -> dict[str, SystemSpec]:
     for mechanism, overrides in ABLATIONS.items():
         name = f"toolserve-no-{mechanism}"
         catalog[name] = SystemSpec(name, "toolserve", overrides)
-    for name, overrides in ROUTER_VARIANTS.items():
+    for name, overrides in (VARIANTS | ROUTER_VARIANTS).items():
         catalog[name] = SystemSpec(name, "toolserve", overrides)
     for name, (overrides, client_speculation) in SPECULATION_VARIANTS.items():
         catalog[name] = SystemSpec(name, "toolserve", overrides, client_speculation)
@@ -342,7 +409,11 @@ def default_systems(size: str) -> tuple[str, ...]:
     system start costs one to two). Router variants run when named."""
     if size == "quick":
         return BASELINE_SYSTEMS
-    return BASELINE_SYSTEMS + tuple(f"toolserve-no-{mechanism}" for mechanism in ABLATIONS)
+    return (
+        BASELINE_SYSTEMS
+        + tuple(f"toolserve-no-{mechanism}" for mechanism in ABLATIONS)
+        + tuple(VARIANTS)
+    )
 
 
 def scrape_metrics(metrics_url: str) -> str:

@@ -67,13 +67,17 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from bench.provenance import DirtyTreeError
     from bench.runner import BenchOptions, default_run_name, run_benchmark
-    from bench.systems import default_systems
+    from bench.systems import A_A_DEFAULT_SYSTEM, default_systems
     from bench.workloads import Size
     from cluster.signals import stop_on_signals
 
     size: Size = "quick" if args.quick else args.size
-    systems = args.systems.split(",") if args.systems else list(default_systems(size))
+    if args.systems:
+        systems = args.systems.split(",")
+    else:
+        systems = [A_A_DEFAULT_SYSTEM] if args.aa else list(default_systems(size))
     options = BenchOptions(
         workload=args.workload,
         size=size,
@@ -83,11 +87,14 @@ def _bench(args: argparse.Namespace) -> int:
         config_path=args.config,
         output_dir=args.output,
         run_name=args.name or default_run_name(args.workload, size),
-        command="toolserve " + " ".join(args.argv),
+        argv=args.argv,
         model=args.model,
         kv_cache_mib=args.kv_cache_mib,
         show_progress=not args.no_progress,
         config_overrides=dict(args.overrides),
+        aa=args.aa,
+        order_seed=args.order_seed,
+        allow_dirty=args.allow_dirty,
     )
     stop_on_signals()
     try:
@@ -95,7 +102,7 @@ def _bench(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         _log("interrupted; the systems that were running have been stopped")
         return 130
-    except ValueError as error:
+    except (ValueError, DirtyTreeError) as error:
         _log(f"error: {error}")
         return 2
     return 0
@@ -141,7 +148,24 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="same as --size quick")
     bench.add_argument("--seed", type=int, default=0, help="workload seed")
     bench.add_argument(
-        "--repeats", type=int, default=1, help="run the system sequence this many times (A B A B)"
+        "--repeats",
+        type=int,
+        default=1,
+        help="rounds: every system runs once per round, in a seeded random order",
+    )
+    bench.add_argument(
+        "--order-seed", type=int, help="seed of the rounds' run orders (default: --seed)"
+    )
+    bench.add_argument(
+        "--aa",
+        action="store_true",
+        help="A/A run: the one system of --systems (default stock-vllm) runs twice per "
+        "round, so the report shows the interval a null comparison gets on this machine",
+    )
+    bench.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="record from a working tree with uncommitted changes (the report says so)",
     )
     bench.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH, help="toolserve profile")
     bench.add_argument("--model", help="model for every system (default: the profile's)")

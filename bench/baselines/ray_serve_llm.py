@@ -46,7 +46,7 @@ def main() -> None:
             },
             accelerator_config={"kind": "cpu"},
             engine_kwargs=settings.vllm_engine_kwargs(),
-            runtime_env={"env_vars": settings.engine_environment()},
+            runtime_env={"env_vars": settings.process_environment()},
         )
         serve.run(build_openai_app({"llm_configs": [llm_config]}), blocking=False)
         print("[ray-serve-llm] application deployed", flush=True)

@@ -1,6 +1,7 @@
 """`toolserve bench --quick` end to end on the tiny model: every system really
-starts (stock vLLM, stock Ray Serve LLM, toolserve), serves the workload and
-stops, and the run's files are complete."""
+starts (stock vLLM, stock Ray Serve LLM, toolserve), serves the workload in two
+rounds and stops, and the run's files are complete: provenance, intervals,
+paired comparisons and the engines' own work counters."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.report import PLOTS
+from bench.stats import round_orders
 from bench.systems import default_systems
 from cluster.config import REPO_ROOT
 
@@ -33,6 +35,9 @@ def test_quick_benchmark_on_the_tiny_model(tmp_path: Path) -> None:
         sys.executable, "-m", "cluster.cli", "bench", "--quick",
         "--model", "embedded:tiny-random-llama",
         "--output", str(tmp_path), "--name", "smoke", "--no-progress",
+        "--repeats", "2", "--order-seed", "3",
+        # Tests also run from working copies with changes; the record says so.
+        "--allow-dirty",
     ]  # fmt: skip
     finished = subprocess.run(
         command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=1500, check=False
@@ -43,27 +48,52 @@ def test_quick_benchmark_on_the_tiny_model(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["workload"] == "many-agent" and summary["size"] == "quick"
     assert summary["command"].startswith("toolserve bench --quick")
+    provenance = summary["provenance"]
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert provenance["commit"] == head and provenance["allow_dirty"]
+    assert provenance["packages"]["ray"] and provenance["finished_utc"]
+    assert summary["round_orders"] == round_orders(list(QUICK_SYSTEMS), 2, 3)
     assert list(summary["systems"]) == list(QUICK_SYSTEMS)
     for name, figures in summary["systems"].items():
         assert "error" not in figures, (name, figures)
-        assert figures["failed_programs"] == 0, name
+        assert figures["rounds_completed"] == 2 and figures["failed_programs"] == 0, name
         assert figures["jct_mean_s"] > 0 and figures["tokens_per_s"] > 0
+        mean = figures["intervals"]["jct_mean_s"]
+        assert mean["low"] <= mean["estimate"] <= mean["high"]
         # Every system was configured to report cached prompt tokens.
         assert figures["prefix_reuse_rate"] is not None and figures["prefix_reuse_rate"] > 0
         assert figures["engine_prefix_hit_rate"] is not None, name
-    assert set(summary["ratios_vs_stock_vllm"]) == set(QUICK_SYSTEMS)
-    assert summary["ratios_vs_stock_vllm"]["stock-vllm"]["jct_mean"] == 1.0
+        work = figures["work"]
+        # The engines' counters cover the workload's requests on every system alike.
+        assert work["prompt_tokens"]["mean"] > 0 and work["generation_tokens"]["mean"] > 0, name
+        assert work["prompt_tokens_from_cache"]["mean"] > 0, name
+        assert work["cpu_engine_core_s"]["mean"] > 0, name
+        assert work["cpu_total_s"]["mean"] >= work["cpu_engine_core_s"]["mean"], name
+    pairs = {(c["reference"], c["system"]): c for c in summary["comparisons"]}
+    assert set(pairs) == {("stock-vllm", "stock-ray-serve-llm"), ("stock-vllm", "toolserve")}
+    for comparison in pairs.values():
+        ratio = comparison["jct_mean"]
+        assert len(ratio["per_round"]) == 2 and ratio["programs"] == 12
+        assert ratio["low"] <= ratio["estimate"] <= ratio["high"]
+    environments = {
+        json.dumps(launch["environment"], sort_keys=True)
+        for launch in summary["effective_configuration"].values()
+    }
+    assert len(environments) == 1
+    assert summary["effective_configuration"]["toolserve"]["toolserve_config"]["main"]
 
     records = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]
     programs = [r for r in records if r["kind"] == "program"]
     requests = [r for r in records if r["kind"] == "request"]
     assert {r["system"] for r in programs} == set(QUICK_SYSTEMS)
     per_system = len(programs) // len(QUICK_SYSTEMS)
-    assert per_system == 6 and len(programs) == per_system * len(QUICK_SYSTEMS)
-    # The same programs with the same turn counts on every system.
-    turns = {(r["system"], r["program_id"]): r["turns"] for r in programs}
-    for (_, program_id), count in turns.items():
-        assert count == turns[("stock-vllm", program_id)]
+    assert per_system == 2 * 6 and len(programs) == per_system * len(QUICK_SYSTEMS)
+    # The same programs with the same turn counts on every system and round.
+    turns = {(r["system"], r["repeat"], r["program_id"]): r["turns"] for r in programs}
+    for (_, _, program_id), count in turns.items():
+        assert count == turns[("stock-vllm", 0, program_id)]
     assert len(requests) == sum(turns.values())
     # toolserve names the replica of every turn; stock servers name none.
     for request in requests:

