@@ -4,7 +4,8 @@ kernel's per-process counters (the same method for every system)."""
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import dataclass, field
 
 import psutil
 
@@ -19,6 +20,7 @@ class CpuUse:
 
     total_s: float
     engine_core_s: float
+    by_process_name: dict[str, float] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, float]:
         return {"cpu_total_s": self.total_s, "cpu_engine_core_s": self.engine_core_s}
@@ -33,6 +35,20 @@ def _is_engine_core(process: psutil.Process) -> bool:
         return False
 
 
+def _name(process: psutil.Process) -> str:
+    """The process's title (vLLM and Ray name theirs), else its program's name."""
+    try:
+        command: list[str] = process.cmdline()
+        name: str = process.name()
+    except psutil.Error:
+        return "?"
+    if command and not command[0].startswith("/") and " " not in command[0]:
+        return command[0]
+    if len(command) > 2 and command[1] == "-m":
+        return f"{name} -m {command[2]}"
+    return name
+
+
 class ProcessTreeCpu:
     """Samples the CPU times of a root process and all its descendants every
     `interval_s` from `start()` to `stop()`. A process that ends between two
@@ -44,6 +60,7 @@ class ProcessTreeCpu:
         self._baseline: dict[int, float] = {}
         self._latest: dict[int, float] = {}
         self._engine_cores: set[int] = set()
+        self._names: dict[int, str] = {}
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -60,8 +77,10 @@ class ProcessTreeCpu:
             except psutil.Error:
                 continue
             times[process.pid] = cpu.user + cpu.system
-            if process.pid not in self._engine_cores and _is_engine_core(process):
-                self._engine_cores.add(process.pid)
+            if process.pid not in self._names:
+                self._names[process.pid] = _name(process)
+                if _is_engine_core(process):
+                    self._engine_cores.add(process.pid)
         return times
 
     def start(self) -> None:
@@ -82,7 +101,11 @@ class ProcessTreeCpu:
         spent = {
             pid: seconds - self._baseline.get(pid, 0.0) for pid, seconds in self._latest.items()
         }
+        by_name: dict[str, float] = defaultdict(float)
+        for pid, seconds in spent.items():
+            by_name[self._names.get(pid, "?")] += seconds
         return CpuUse(
             total_s=sum(spent.values()),
             engine_core_s=sum(spent[pid] for pid in spent if pid in self._engine_cores),
+            by_process_name=dict(sorted(by_name.items(), key=lambda item: -item[1])),
         )

@@ -315,9 +315,10 @@ def engine_counters(metrics_text: str) -> dict[str, float]:
 
 
 def engine_work(before_text: str, after_text: str) -> dict[str, float | None]:
-    """What the engines did between two scrapes of a system's metrics."""
+    """What the engines did between two scrapes of a system's metrics. Ray exports
+    a counter only once it has counted something: where the engines report at all,
+    a counter missing from the scrape is zero."""
     before, after = engine_counters(before_text), engine_counters(after_text)
-    return {
-        figure: after[figure] - before.get(figure, 0.0) if figure in after else None
-        for figure in ENGINE_COUNTERS
-    }
+    if not after:
+        return dict.fromkeys(ENGINE_COUNTERS)
+    return {figure: after.get(figure, 0.0) - before.get(figure, 0.0) for figure in ENGINE_COUNTERS}

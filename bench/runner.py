@@ -278,6 +278,9 @@ def _run_arm(
         kv_cache_tokens=kv_cache_size_tokens(metrics_after),
     )
     arm.runs.append(arm_run)
+    (run_dir / "logs" / f"{tag}.cpu.json").write_text(
+        json.dumps(cpu_use.by_process_name, indent=2) + "\n"
+    )
     failed = sum(program.error is not None for program in result.programs)
     stalled = [stall.lag_s for stall in result.stalls]
     log(

@@ -108,6 +108,17 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_table(args: argparse.Namespace) -> int:
+    from bench.tables import bench_table
+
+    try:
+        print(bench_table(args.runs), end="")
+    except (OSError, ValueError) as error:
+        _log(f"error: {error}")
+        return 2
+    return 0
+
+
 def _config_override(text: str) -> tuple[str, Any]:
     path, separator, value = text.partition("=")
     if not separator or not path:
@@ -184,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--name", help="run name (default: time, workload and size)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bars")
     bench.set_defaults(run=_bench)
+
+    table = commands.add_parser(
+        "bench-table", help="print the README's benchmark tables from recorded runs"
+    )
+    table.add_argument("runs", nargs="+", type=Path, help="run folders under bench/results")
+    table.set_defaults(run=_bench_table)
 
     check = commands.add_parser("check-config", help="validate deployment profiles")
     check.add_argument("paths", nargs="+", type=Path)

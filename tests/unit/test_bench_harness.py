@@ -130,7 +130,8 @@ def test_engine_work_is_the_difference_of_vllms_counters() -> None:
 def test_ray_exported_counters_sum_over_replicas_and_skip_histograms() -> None:
     assert engine_counters(RAY_AFTER) == {"prompt_tokens": 1000.0, "preemptions": 2.0}
     work = engine_work("", RAY_AFTER)
-    assert work["prompt_tokens"] == 1000.0 and work["generation_tokens"] is None
+    assert work["prompt_tokens"] == 1000.0 and work["generation_tokens"] == 0.0
+    assert engine_work("", "") == dict.fromkeys(work)
 
 
 def test_cpu_of_a_process_tree_counts_its_children() -> None:
@@ -151,6 +152,7 @@ def test_cpu_of_a_process_tree_counts_its_children() -> None:
         parent.kill()
     assert use.total_s >= 0.4
     assert use.engine_core_s == 0.0
+    assert max(use.by_process_name.values()) >= 0.4
 
 
 def _git(repo: Path, *args: str) -> None:

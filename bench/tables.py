@@ -1,0 +1,104 @@
+"""The README's benchmark tables, generated from recorded runs' summaries
+(`toolserve bench-table RUN...`), so the README cannot drift from the runs.
+
+In the README a generated table sits between `<!-- bench-table RUN... -->` and
+`<!-- /bench-table -->`; a unit test regenerates every such block and compares.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+BLOCK = re.compile(
+    r"<!-- bench-table (?P<runs>[^>]*?) -->\n(?P<body>.*?)<!-- /bench-table -->", re.DOTALL
+)
+
+
+def _load(run_dir: Path) -> dict[str, Any]:
+    summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
+    if "comparisons" not in summary or "provenance" not in summary:
+        raise ValueError(
+            f"{run_dir}: recorded before runs had rounds, intervals and provenance; "
+            "re-record it to cite it"
+        )
+    return summary
+
+
+def _ci(value: dict[str, float] | None, unit: str = "", digits: int = 2) -> str:
+    if not value:
+        return "n/a"
+    return (
+        f"{value['estimate']:.{digits}f}{unit} "
+        f"[{value['low']:.{digits}f}, {value['high']:.{digits}f}]"
+    )
+
+
+def _count(work: dict[str, Any], name: str) -> str:
+    mean = work.get(name, {}).get("mean")
+    return "n/a" if mean is None else f"{mean:,.0f}"
+
+
+def _run_cell(run_dir: Path, summary: dict[str, Any]) -> str:
+    provenance = summary["provenance"]
+    commit = (provenance["commit"] or "unknown")[:8] + (" dirty" if provenance["dirty"] else "")
+    return (
+        f"[{run_dir.name}]({run_dir.as_posix()}/report.md) ({summary['workload']}, "
+        f"{summary['size']}, {summary['rounds']} rounds, `{commit}`)"
+    )
+
+
+def bench_table(runs: Sequence[Path], root: Path = Path()) -> str:
+    """Markdown: each run's comparisons (ratio of mean JCT with its interval and
+    verdict) and each system's work per round. `runs` are paths relative to
+    `root` (the README's folder), as the links show them."""
+    comparisons = [
+        "| run | system | reference | mean JCT ratio [95% CI] | verdict "
+        "| less client stalls [95% CI] |",
+        "|---|---|---|---|---|---|",
+    ]
+    work = [
+        "| run | system | mean JCT [95% CI] | prompt tokens computed | from cache "
+        "| preemptions | CPU s | engine-core CPU s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run_dir in runs:
+        summary = _load(root / run_dir)
+        run = _run_cell(run_dir, summary)
+        for entry in summary["comparisons"]:
+            ratio = entry["jct_mean"]
+            comparisons.append(
+                f"| {run} | {entry['system']} | {entry['reference']} | {_ci(ratio, 'x')} "
+                f"| {ratio['verdict'] if ratio else 'n/a'} "
+                f"| {_ci(entry['jct_mean_less_client_stalls'], 'x')} |"
+            )
+        for name, figures in summary["systems"].items():
+            if "error" in figures:
+                work.append(f"| {run} | {name} | failed: {figures['error']} | | | | | |")
+                continue
+            done = figures["work"]
+            work.append(
+                f"| {run} | {name} | {_ci(figures['intervals']['jct_mean_s'], ' s', 1)} "
+                f"| {_count(done, 'prompt_tokens_computed')} "
+                f"| {_count(done, 'prompt_tokens_from_cache')} | {_count(done, 'preemptions')} "
+                f"| {_count(done, 'cpu_total_s')} | {_count(done, 'cpu_engine_core_s')} |"
+            )
+    return "\n".join([*comparisons, "", *work]) + "\n"
+
+
+def stale_blocks(markdown: str, root: Path) -> list[str]:
+    """The runs of every generated block whose text differs from what the runs'
+    summaries give now."""
+    stale = []
+    for block in BLOCK.finditer(markdown):
+        if block["body"] != bench_table([Path(run) for run in block["runs"].split()], root):
+            stale.append(block["runs"])
+    return stale
+
+
+def cited_runs(markdown: str) -> list[str]:
+    """Every run folder a generated block cites."""
+    return [run for block in BLOCK.finditer(markdown) for run in block["runs"].split()]

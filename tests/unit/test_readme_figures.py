@@ -1,0 +1,101 @@
+"""The README's performance figures are the recorded ones: every generated table
+equals what its runs' summaries give, every cited run was recorded from a clean
+tree, and the benchmark section states no figure outside generated tables."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from bench.tables import bench_table, cited_runs, stale_blocks
+from cluster.config import REPO_ROOT
+
+README = REPO_ROOT / "README.md"
+# A decimal figure with a unit: 1.30x, 1.3 times (the sign), 93.6%, 103.6 s.
+FIGURE = re.compile("\\d+\\.\\d+\\s*(x\\b|\u00d7|%|s\\b)")
+
+
+def _benchmark_section(markdown: str) -> str:
+    start = markdown.index("## Benchmarks")
+    end = markdown.find("\n## ", start + 1)
+    return markdown[start : end if end != -1 else len(markdown)]
+
+
+def test_every_generated_table_matches_its_runs() -> None:
+    markdown = README.read_text()
+    assert cited_runs(markdown), "the README cites no recorded run"
+    assert stale_blocks(markdown, REPO_ROOT) == [], "regenerate with `toolserve bench-table RUN...`"
+
+
+def test_cited_runs_were_recorded_from_a_clean_tree() -> None:
+    for run in cited_runs(README.read_text()):
+        provenance = json.loads((REPO_ROOT / run / "summary.json").read_text())["provenance"]
+        assert provenance["commit"] and not provenance["dirty"], run
+        assert not provenance["code_changed_during_run"], run
+
+
+def test_the_benchmark_section_states_figures_only_in_generated_tables() -> None:
+    section = _benchmark_section(README.read_text())
+    prose = re.sub(r"<!-- bench-table .*?<!-- /bench-table -->", "", section, flags=re.DOTALL)
+    assert FIGURE.findall(prose) == [], [m.group(0) for m in FIGURE.finditer(prose)]
+
+
+def _summary(ratio: float) -> dict[str, object]:
+    interval = {"estimate": ratio, "low": ratio - 0.1, "high": ratio + 0.1}
+    figures = {
+        "intervals": {"jct_mean_s": {"estimate": 50.0, "low": 40.0, "high": 60.0}},
+        "work": {
+            "prompt_tokens_computed": {"mean": 1234.0},
+            "prompt_tokens_from_cache": {"mean": 99.0},
+            "preemptions": {"mean": 0.0},
+            "cpu_total_s": {"mean": 10.0},
+            "cpu_engine_core_s": {"mean": 8.0},
+        },
+    }
+    return {
+        "workload": "many-agent",
+        "size": "default",
+        "rounds": 3,
+        "provenance": {"commit": "abcdef0123456789", "dirty": False},
+        "comparisons": [
+            {
+                "reference": "stock-vllm",
+                "system": "toolserve",
+                "jct_mean": {
+                    **interval,
+                    "verdict": "faster" if ratio - 0.1 > 1 else "not resolved",
+                },
+                "jct_mean_less_client_stalls": None,
+            }
+        ],
+        "systems": {"stock-vllm": figures, "toolserve": figures},
+    }
+
+
+def test_a_figure_that_differs_from_its_run_is_caught(tmp_path: Path) -> None:
+    run = Path("bench/results/run-1")
+    (tmp_path / run).mkdir(parents=True)
+    (tmp_path / run / "summary.json").write_text(json.dumps(_summary(1.25)))
+    table = bench_table([run], tmp_path)
+    assert (
+        "[run-1](bench/results/run-1/report.md) (many-agent, default, 3 rounds, `abcdef01`)"
+        in table
+    )
+    assert "| toolserve | stock-vllm | 1.25x [1.15, 1.35] | faster | n/a |" in table
+    assert "| toolserve | 50.0 s [40.0, 60.0] | 1,234 | 99 | 0 | 10 | 8 |" in table
+    readme = f"<!-- bench-table {run} -->\n{table}<!-- /bench-table -->"
+    assert stale_blocks(readme, tmp_path) == []
+    assert stale_blocks(readme.replace("1.25x", "1.30x"), tmp_path) == [str(run)]
+    (tmp_path / run / "summary.json").write_text(json.dumps(_summary(0.95)))
+    assert stale_blocks(readme, tmp_path) == [str(run)]
+
+
+def test_runs_recorded_before_intervals_cannot_be_cited(tmp_path: Path) -> None:
+    run = Path("old")
+    (tmp_path / run).mkdir()
+    (tmp_path / run / "summary.json").write_text(json.dumps({"systems": {}}))
+    with pytest.raises(ValueError, match="re-record it"):
+        bench_table([run], tmp_path)
