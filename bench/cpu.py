@@ -10,29 +10,22 @@ from dataclasses import dataclass, field
 import psutil
 
 SAMPLE_INTERVAL_S = 1.0
-ENGINE_CORE_MARK = "EngineCore"
+# vLLM titles its engine processes: the engine core and, on CPU, the worker
+# that runs the model (`VLLM::EngineCore`, `VLLM::Worker`).
+ENGINE_TITLES = ("VLLM::EngineCore", "VLLM::Worker")
 
 
 @dataclass(frozen=True)
 class CpuUse:
     """CPU seconds (user + system) within the measured window: all processes of
-    the tree, and those that are vLLM engine cores (the model's own work)."""
+    the tree, and vLLM's engine processes among them (the model's own work)."""
 
     total_s: float
-    engine_core_s: float
+    engine_s: float
     by_process_name: dict[str, float] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, float]:
-        return {"cpu_total_s": self.total_s, "cpu_engine_core_s": self.engine_core_s}
-
-
-def _is_engine_core(process: psutil.Process) -> bool:
-    try:
-        return ENGINE_CORE_MARK in process.name() or ENGINE_CORE_MARK in " ".join(
-            process.cmdline()[:1]
-        )
-    except psutil.Error:
-        return False
+        return {"cpu_total_s": self.total_s, "cpu_engine_s": self.engine_s}
 
 
 def _name(process: psutil.Process) -> str:
@@ -59,7 +52,7 @@ class ProcessTreeCpu:
         self._interval_s = interval_s
         self._baseline: dict[int, float] = {}
         self._latest: dict[int, float] = {}
-        self._engine_cores: set[int] = set()
+        self._engine_pids: set[int] = set()
         self._names: dict[int, str] = {}
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -77,10 +70,10 @@ class ProcessTreeCpu:
             except psutil.Error:
                 continue
             times[process.pid] = cpu.user + cpu.system
-            if process.pid not in self._names:
-                self._names[process.pid] = _name(process)
-                if _is_engine_core(process):
-                    self._engine_cores.add(process.pid)
+            # A process titles itself a while after it starts: read it every time.
+            self._names[process.pid] = _name(process)
+            if self._names[process.pid].startswith(ENGINE_TITLES):
+                self._engine_pids.add(process.pid)
         return times
 
     def start(self) -> None:
@@ -106,6 +99,6 @@ class ProcessTreeCpu:
             by_name[self._names.get(pid, "?")] += seconds
         return CpuUse(
             total_s=sum(spent.values()),
-            engine_core_s=sum(spent[pid] for pid in spent if pid in self._engine_cores),
+            engine_s=sum(spent[pid] for pid in spent if pid in self._engine_pids),
             by_process_name=dict(sorted(by_name.items(), key=lambda item: -item[1])),
         )

@@ -285,13 +285,13 @@ def _work(summary: dict[str, Any]) -> list[str]:
         "From the engines' own counters (`vllm:prompt_tokens`, "
         "`vllm:prompt_tokens_by_source`, `vllm:generation_tokens`, `vllm:num_preemptions`; "
         "scraped right before and after each run) and the kernel's CPU time of each "
-        "system's whole process tree during the run (engine cores: vLLM's EngineCore "
+        "system's whole process tree during the run (engine: vLLM's engine core and worker "
         "processes). The same method for every system; less sensitive to a noisy machine "
         "than times. vLLM 0.32 does not export the tokens it recomputes after a "
         "preemption, so they are not here.",
         "",
         "| system | prompt tokens | computed | from cache | generated | preemptions "
-        "| CPU s (all) | CPU s (engine cores) |",
+        "| CPU s (all) | CPU s (engine) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, work in rows.items():
@@ -299,7 +299,7 @@ def _work(summary: dict[str, Any]) -> list[str]:
             f"| {name} | {cell(work, 'prompt_tokens')} | {cell(work, 'prompt_tokens_computed')} "
             f"| {cell(work, 'prompt_tokens_from_cache')} | {cell(work, 'generation_tokens')} "
             f"| {cell(work, 'preemptions', 1)} | {cell(work, 'cpu_total_s')} "
-            f"| {cell(work, 'cpu_engine_core_s')} |"
+            f"| {cell(work, 'cpu_engine_s')} |"
         )
     return [*lines, ""]
 
@@ -329,6 +329,17 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         + ", ".join(f"`{k}={v}`" for k, v in settings["process_environment"].items())
         + ".",
         "",
+        *(
+            [
+                "Arms with settings of their own (`NAME@PATH=VALUE`, applied over the above; "
+                "each arm's environment and command are in `summary.json`): "
+                + ", ".join(f"`{label}`" for label in summary["arms"] if "@" in label)
+                + ".",
+                "",
+            ]
+            if any("@" in label for label in summary.get("arms", {}))
+            else []
+        ),
         "## Job completion time and latency",
         "",
         "Each with its 95% bootstrap interval over rounds and programs.",

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from bench.cpu import CpuUse, ProcessTreeCpu
 from bench.driver import ClientStall, ProgramRecord, RequestRecord, RunResult, run_workload
 from bench.metrics import (
@@ -32,6 +34,7 @@ from bench.stats import STATISTICS, bootstrap, paired_ratio, round_orders
 from bench.systems import (
     EngineSettings,
     LaunchPlan,
+    SystemSpec,
     engine_settings,
     scrape_metrics,
     system_catalog,
@@ -68,10 +71,24 @@ class BenchOptions:
     allow_dirty: bool = False
 
 
+def parse_system(text: str) -> tuple[str, dict[str, Any]]:
+    """`NAME` or `NAME@PATH=VALUE@...`: a system with settings of its own (VALUE
+    is YAML), e.g. `stock-vllm@main.cpu_threads_bind=0` to try a thread setting."""
+    name, *settings = text.split("@")
+    overrides: dict[str, Any] = {}
+    for setting in settings:
+        path, separator, value = setting.partition("=")
+        if not separator or not path:
+            raise ValueError(f"{text!r}: expected NAME@PATH=VALUE, got {setting!r}")
+        overrides[path] = yaml.safe_load(value)
+    return name, overrides
+
+
 def arms_of(options: BenchOptions) -> dict[str, str]:
-    """Arm label -> system name. An A/A run's arms are one system twice."""
+    """Arm label -> system (as `parse_system` reads it). An A/A run's arms are
+    one system twice."""
     if not options.aa:
-        return {name: name for name in options.systems}
+        return {text: text for text in options.systems}
     if len(options.systems) != 1:
         raise ValueError("an A/A run takes exactly one system")
     (system,) = options.systems
@@ -129,11 +146,13 @@ def _raw_config(options: BenchOptions) -> dict[str, Any]:
 def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
     plan = plan_workload(options.workload, options.size)
     catalog = system_catalog()
-    unknown = [name for name in options.systems if name not in catalog]
+    unknown = [text for text in options.systems if parse_system(text)[0] not in catalog]
     if unknown:
         raise ValueError(f"unknown systems {unknown}; known: {', '.join(catalog)}")
     if options.repeats < 1:
         raise ValueError("--repeats must be at least 1")
+    if len(set(options.systems)) != len(options.systems):
+        raise ValueError("a system is named twice; for an A/A run use --aa")
     arms = arms_of(options)
     provenance = start_provenance(
         ["toolserve", *options.argv], REPO_ROOT, options.output_dir, options.allow_dirty
@@ -142,6 +161,10 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
     config = ToolserveConfig.model_validate(raw_config)
     kv_cache_mib = options.kv_cache_mib or plan.kv_cache_mib
     settings = engine_settings(config, kv_cache_mib * 2**20, plan.max_model_len)
+    setups = {
+        label: arm_setup(system, raw_config, kv_cache_mib, plan.max_model_len)
+        for label, system in arms.items()
+    }
 
     run_dir = options.output_dir / options.run_name
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -163,9 +186,8 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
         for label in order:
             if not note_code_state(provenance, REPO_ROOT, options.output_dir):
                 log("bench: WARNING: the code changed since the run started; the report says so")
-            arm_run = _run_arm(
-                options, plan.build, label, round_index, settings, raw_config, run_dir, runs, log
-            )
+            arm_run = _run_arm(options, plan.build, label, round_index, setups[label], run_dir,
+                               runs, log)  # fmt: skip
             if arm_run is None:
                 continue
             with records_path.open("a") as records:
@@ -209,20 +231,40 @@ def _also_to_file(log: Log, path: Path) -> Log:
     return log_and_keep
 
 
+@dataclass(frozen=True)
+class ArmSetup:
+    """An arm's system, configuration and engine settings (its own where it
+    names settings of its own)."""
+
+    spec: SystemSpec
+    raw_config: dict[str, Any]
+    settings: EngineSettings
+
+
+def arm_setup(
+    system: str, raw_config: dict[str, Any], kv_cache_mib: int, max_model_len: int
+) -> ArmSetup:
+    name, overrides = parse_system(system)
+    raw = with_overrides(raw_config, overrides)
+    config = ToolserveConfig.model_validate(raw)
+    return ArmSetup(
+        system_catalog()[name], raw, engine_settings(config, kv_cache_mib * 2**20, max_model_len)
+    )
+
+
 def _run_arm(
     options: BenchOptions,
     build: Callable[[int], Sequence[Any]],
     label: str,
     round_index: int,
-    settings: EngineSettings,
-    raw_config: dict[str, Any],
+    setup: ArmSetup,
     run_dir: Path,
     runs: dict[str, ArmRuns],
     log: Log,
 ) -> ArmRun | None:
     arm = runs[label]
-    spec = system_catalog()[arm.system]
-    tag = f"{label}-r{round_index}"
+    spec, raw_config, settings = setup.spec, setup.raw_config, setup.settings
+    tag = f"{label}-r{round_index}".replace("/", "_")
     launch: LaunchPlan = spec.plan(settings, raw_config, run_dir, tag)
     arm.launch = arm.launch or launch.as_json()
     endpoint = launch.endpoint
@@ -286,7 +328,7 @@ def _run_arm(
     log(
         f"bench: {label} done in {result.wall_s:.0f}s, {len(result.requests)} requests, "
         f"{failed} failed programs; CPU {cpu_use.total_s:.0f}s "
-        f"(engine cores {cpu_use.engine_core_s:.0f}s); client stalls: {len(stalled)}, "
+        f"(engine {cpu_use.engine_s:.0f}s); client stalls: {len(stalled)}, "
         f"longest {max(stalled, default=0.0):.1f}s, total {sum(stalled):.1f}s"
     )
     return arm_run
@@ -322,7 +364,7 @@ def _intervals(arm: ArmRuns, rounds: int, seed: int) -> dict[str, Any]:
 def _work(arm: ArmRuns) -> dict[str, Any]:
     """Engine counters and CPU seconds: the mean per round and each round's."""
     per_round: dict[str, list[float | None]] = {name: [] for name in ENGINE_COUNTERS}
-    per_round |= {"cpu_total_s": [], "cpu_engine_core_s": []}
+    per_round |= {"cpu_total_s": [], "cpu_engine_s": []}
     for run in sorted(arm.runs, key=lambda run: run.round):
         for name in ENGINE_COUNTERS:
             per_round[name].append(run.work.get(name))
@@ -335,8 +377,9 @@ def _work(arm: ArmRuns) -> dict[str, Any]:
 
 def comparison_pairs(labels: Sequence[str]) -> list[tuple[str, str]]:
     """(reference, system) pairs: every arm against the first (stock vLLM in the
-    default set), and toolserve against each of its variants (what the mechanism
-    it lacks is worth)."""
+    default set); toolserve against each of its variants (what the mechanism it
+    lacks is worth); an arm with settings of its own against the first arm of
+    the same system."""
     if not labels:
         return []
     reference, *others = labels
@@ -345,11 +388,14 @@ def comparison_pairs(labels: Sequence[str]) -> list[tuple[str, str]]:
         pairs += [
             (label, "toolserve")
             for label in labels
-            if label.startswith("toolserve-")
-            and (label, "toolserve") not in pairs
-            and label != reference
+            if label.startswith("toolserve-") and label != reference
         ]
-    return pairs
+    first_of_system: dict[str, str] = {}
+    for label in labels:
+        first = first_of_system.setdefault(parse_system(label)[0], label)
+        if first != label and "@" in label + first:
+            pairs.append((first, label))
+    return list(dict.fromkeys(pairs))
 
 
 def summarize(

@@ -62,7 +62,7 @@ def bench_table(runs: Sequence[Path], root: Path = Path()) -> str:
     ]
     work = [
         "| run | system | mean JCT [95% CI] | prompt tokens computed | from cache "
-        "| preemptions | CPU s | engine-core CPU s |",
+        "| preemptions | CPU s | engine CPU s |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for run_dir in runs:
@@ -84,7 +84,7 @@ def bench_table(runs: Sequence[Path], root: Path = Path()) -> str:
                 f"| {run} | {name} | {_ci(figures['intervals']['jct_mean_s'], ' s', 1)} "
                 f"| {_count(done, 'prompt_tokens_computed')} "
                 f"| {_count(done, 'prompt_tokens_from_cache')} | {_count(done, 'preemptions')} "
-                f"| {_count(done, 'cpu_total_s')} | {_count(done, 'cpu_engine_core_s')} |"
+                f"| {_count(done, 'cpu_total_s')} | {_count(done, 'cpu_engine_s')} |"
             )
     return "\n".join([*comparisons, "", *work]) + "\n"
 

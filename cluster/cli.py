@@ -152,8 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--workload", choices=list(WORKLOADS), default="many-agent")
     bench.add_argument(
         "--systems",
-        help="comma-separated systems in run order (default: stock-vllm, "
-        "stock-ray-serve-llm, toolserve, and at the default size its ablations)",
+        help="comma-separated systems (default: stock-vllm, stock-ray-serve-llm, "
+        "toolserve, and at the default size its ablations); NAME@PATH=VALUE gives one "
+        "system settings of its own, e.g. stock-vllm@main.cpu_threads_bind=0",
     )
     bench.add_argument("--size", choices=SIZES, default="default")
     bench.add_argument("--quick", action="store_true", help="same as --size quick")

@@ -69,8 +69,8 @@ def test_quick_benchmark_on_the_tiny_model(tmp_path: Path) -> None:
         # The engines' counters cover the workload's requests on every system alike.
         assert work["prompt_tokens"]["mean"] > 0 and work["generation_tokens"]["mean"] > 0, name
         assert work["prompt_tokens_from_cache"]["mean"] > 0, name
-        assert work["cpu_engine_core_s"]["mean"] > 0, name
-        assert work["cpu_total_s"]["mean"] >= work["cpu_engine_core_s"]["mean"], name
+        assert work["cpu_engine_s"]["mean"] > 0, name
+        assert work["cpu_total_s"]["mean"] >= work["cpu_engine_s"]["mean"], name
     pairs = {(c["reference"], c["system"]): c for c in summary["comparisons"]}
     assert set(pairs) == {("stock-vllm", "stock-ray-serve-llm"), ("stock-vllm", "toolserve")}
     for comparison in pairs.values():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from bench.cpu import ProcessTreeCpu
 from bench.metrics import engine_counters, engine_work
 from bench.provenance import DirtyTreeError, code_state, note_code_state, start_provenance
+from bench.runner import arm_setup, comparison_pairs, parse_system
 from bench.systems import (
     ABLATIONS,
     BASELINE_SYSTEMS,
@@ -151,8 +153,22 @@ def test_cpu_of_a_process_tree_counts_its_children() -> None:
     finally:
         parent.kill()
     assert use.total_s >= 0.4
-    assert use.engine_core_s == 0.0
+    assert use.engine_s == 0.0
     assert max(use.by_process_name.values()) >= 0.4
+
+
+def test_vllm_engine_processes_are_told_apart_by_their_titles() -> None:
+    titled = "import setproctitle, time; setproctitle.setproctitle('VLLM::Worker'); "
+    spin = "end = time.process_time() + 0.5\nwhile time.process_time() < end: pass"
+    worker = subprocess.Popen([sys.executable, "-c", titled + "\n" + spin])
+    try:
+        sampler = ProcessTreeCpu(worker.pid, interval_s=0.05)
+        sampler.start()
+        worker.wait(timeout=30)
+        use = sampler.stop()
+    finally:
+        worker.kill()
+    assert use.engine_s >= 0.3 and use.by_process_name.get("VLLM::Worker", 0) >= 0.3
 
 
 def _git(repo: Path, *args: str) -> None:
@@ -203,3 +219,41 @@ def test_a_commit_during_the_run_is_noted(repo: Path) -> None:
     assert not note_code_state(provenance, repo, results)
     assert provenance.code_changed_during_run
     assert code_state(repo).commit != provenance.commit
+
+
+def test_a_system_can_carry_settings_of_its_own() -> None:
+    assert parse_system("stock-vllm") == ("stock-vllm", {})
+    assert parse_system("stock-vllm@main.cpu_threads_bind=0") == (
+        "stock-vllm",
+        {"main.cpu_threads_bind": 0},
+    )
+    assert parse_system('toolserve@main.cpu_threads_bind="0"@main.pinning.max_ttl_s=5') == (
+        "toolserve",
+        {"main.cpu_threads_bind": "0", "main.pinning.max_ttl_s": 5},
+    )
+    with pytest.raises(ValueError, match="NAME@PATH=VALUE"):
+        parse_system("stock-vllm@nonsense")
+
+
+def test_an_arm_with_its_own_thread_setting_gets_its_own_environment(tmp_path: Path) -> None:
+    raw = load_config(DEFAULT_CONFIG_PATH).model_dump(mode="json")
+    one = arm_setup('stock-vllm@main.cpu_threads_bind="0"', raw, 256, 4096)
+    both = arm_setup("stock-vllm", raw, 256, 4096)
+    assert one.settings.process_environment()["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    assert one.settings.process_environment()["OMP_NUM_THREADS"] == "1"
+    assert both.settings.process_environment()["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert one.settings.kv_cache_memory_bytes == both.settings.kv_cache_memory_bytes
+    command = one.spec.plan(one.settings, one.raw_config, tmp_path, "one").command
+    assert "--model" in command and one.spec.name == "stock-vllm"
+
+
+def test_thread_variants_of_one_system_are_compared_with_each_other() -> None:
+    labels = [
+        f"{system}@main.cpu_threads_bind={cores}"
+        for system in ("stock-vllm", "toolserve")
+        for cores in ("0-1", "0")
+    ]
+    pairs = comparison_pairs(labels)
+    assert (labels[2], labels[3]) in pairs
+    assert (labels[0], labels[1]) in pairs and (labels[0], labels[2]) in pairs
+    assert len(pairs) == len(set(pairs)) == 4

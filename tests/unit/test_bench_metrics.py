@@ -310,7 +310,7 @@ def _arm_run(
         startup_s=30.0,
         rates=rates or {},
         work={"prompt_tokens": 1000.0, "prompt_tokens_computed": 400.0, "preemptions": 2.0},
-        cpu=CpuUse(total_s=50.0, engine_core_s=40.0),
+        cpu=CpuUse(total_s=50.0, engine_s=40.0),
         kv_cache_tokens=kv_cache_tokens,
     )
 
@@ -383,7 +383,7 @@ def test_summary_report_and_plots(tmp_path: Path) -> None:
     assert summary["systems"]["toolserve"]["time_saved_vs_stock_vllm_pct"] == pytest.approx(50.0)
     assert summary["systems"]["toolserve"]["engine_prefix_hit_rate"] == 0.9
     assert summary["systems"]["toolserve"]["intervals"]["jct_mean_s"]["estimate"] == 7.5
-    assert summary["systems"]["toolserve"]["work"]["cpu_engine_core_s"]["mean"] == 40.0
+    assert summary["systems"]["toolserve"]["work"]["cpu_engine_s"]["mean"] == 40.0
     assert summary["systems"]["stock-ray-serve-llm"] == {"error": "not ready after 900s"}
     assert summary["provenance"]["commit"] == "0123abc"
 
