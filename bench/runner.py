@@ -186,8 +186,9 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
         for label in order:
             if not note_code_state(provenance, REPO_ROOT, options.output_dir):
                 log("bench: WARNING: the code changed since the run started; the report says so")
-            arm_run = _run_arm(options, plan.build, label, round_index, setups[label], run_dir,
-                               runs, log)  # fmt: skip
+            arm_run = _run_arm(
+                options, plan.build, label, round_index, setups[label], run_dir, runs, log
+            )
             if arm_run is None:
                 continue
             with records_path.open("a") as records:
@@ -212,8 +213,12 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
         plan.reference_system,
     )
     write_summary(run_dir, summary)
-    write_plots(run_dir, list(runs), [p for r in runs.values() for p in r.programs],
-                [q for r in runs.values() for q in r.requests])  # fmt: skip
+    write_plots(
+        run_dir,
+        list(runs),
+        [program for arm in runs.values() for program in arm.programs],
+        [request for arm in runs.values() for request in arm.requests],
+    )
     report = write_markdown(run_dir, summary)
     log(f"bench: report at {report}")
     return run_dir

@@ -67,7 +67,10 @@ def _many_agent(size: Size) -> WorkloadPlan:
         description=(
             f"{config.programs} agent programs, Poisson arrivals at "
             f"{config.arrival_rate_per_s}/s, SWE-bench and BFCL v4 turn and tool-latency "
-            "statistics; every non-final turn must call a tool (tool_choice=required)"
+            "statistics (Continuum, arXiv 2511.02230, Table 1); every non-final turn must "
+            "call a tool (tool_choice=required). Not reproduced: program size (about 2k "
+            "tokens here, tens of thousands in Continuum's traces; memory pressure comes "
+            "from a small KV budget instead) and real tools (simulated latency and output)"
         ),
         build=lambda seed: generate_trace(config, seed),
         kv_cache_mib=kv_cache_mib,
@@ -90,7 +93,9 @@ def _workflow(name: str, size: Size) -> WorkloadPlan:
         description=(
             f"{sessions} sessions of the {turns}-turn "
             f"{'bug-fix' if name == 'bugfix-6' else 'coding'} workflow (named tool each "
-            "turn, context grows every turn, unique file names per session)"
+            "turn, context grows every turn, unique file names per session). Turn count "
+            "from arXiv 2605.26289; not reproduced: its prompts, tools and context sizes "
+            "(unpublished), the steps and repository here are this project's own"
         ),
         build=lambda seed: generate_workflows(config, seed),
         kv_cache_mib=kv_cache_mib,
@@ -108,7 +113,10 @@ def _bfcl(size: Size) -> WorkloadPlan:
         size=size,
         description=(
             f"{config.entries} BFCL v4 multi-turn ({config.category}) entries, real BFCL "
-            f"backends, at most {config.steps_per_turn} model requests per user turn"
+            f"backends, at most {config.steps_per_turn} model requests per user turn. Not "
+            "reproduced: BFCL's scoring (answers are not graded); the in-memory backends "
+            "answer at once, so each tool round adds a latency drawn from Continuum's "
+            "BFCL v4 statistics"
         ),
         build=lambda seed: generate_bfcl(config, seed),
         kv_cache_mib=256,

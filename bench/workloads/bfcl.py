@@ -54,9 +54,10 @@ class BfclConfig(BaseModel):
         default=4, gt=0, description="Model requests allowed per user turn (bounds loops)."
     )
     tool_latency_s: Distribution = Field(
-        default=Distribution(kind="lognormal", mean=1.923, sd=2.133, high=30),
+        default=Distribution(kind="lognormal", mean=1.923, sd=2.133),
         description="Seconds a tool round takes beyond the backend's own run time "
-        "(the backends are in-memory; real APIs are not). Default: BFCL v4 statistics.",
+        "(the backends are in-memory; real APIs are not). Default: Continuum's BFCL v4 "
+        "statistics (arXiv 2511.02230, Table 1).",
     )
     max_tokens: int = Field(default=96, gt=0, description="Token cap of each model request.")
 

@@ -1,8 +1,17 @@
-"""The scripted coding workflows of the stateful multi-agent inference paper: a
-6-turn bug fix and a 35-turn coding session. Each turn asks for a named tool (the
-model writes the arguments); the tools answer from a scripted repository whose
-file names are unique per session, so the conversation grows every turn and no
-response repeats another session's."""
+"""Two scripted coding workflows with the turn counts of "Stateful Inference for
+Low-Latency Multi-Agent Tool Calling" (arXiv 2605.26289): a 6-turn bug fix and a
+35-turn coding session, on which that paper reports its per-turn and median-turn
+figures against vLLM and SGLang. Each turn asks for a named tool (the model
+writes the arguments); the tools answer from a scripted repository whose file
+names are unique per session, so the conversation grows every turn and no
+response repeats another session's.
+
+Only the turn counts and the shape (a context that grows by one tool result per
+turn, every token generated fresh) follow the paper. Not reproduced: its
+workflows' prompts, tools and context sizes, which it does not publish in a
+form that can be replayed; the steps here (list, read, edit, test) and the
+repository's contents are this project's own, sized so that SmolLM2 on two CPU
+cores finishes a session in minutes."""
 
 from __future__ import annotations
 
