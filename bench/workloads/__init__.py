@@ -148,7 +148,7 @@ def _codegen(size: Size) -> WorkloadPlan:
 
 def _speculation(size: Size) -> WorkloadPlan:
     config = (
-        SpeculationConfig(latencies_s=(0.1, 1.0), programs_per_latency=2, arrival_gap_s=6.0)
+        SpeculationConfig(latencies_s=(0.1, 1.0), programs_per_latency=3, arrival_gap_s=6.0)
         if size == "quick"
         else SpeculationConfig()
     )
@@ -157,7 +157,8 @@ def _speculation(size: Size) -> WorkloadPlan:
         name="speculation",
         size=size,
         description=(
-            f"{programs} records tasks (plan sentence, records lookup, answer), one every "
+            f"{programs} records tasks (plan sentence, a records lookup with a key the "
+            f"model writes, answer), one every "
             f"{config.arrival_gap_s:g}s, records-service latency "
             + ", ".join(f"{latency:g}s" for latency in config.latencies_s)
         ),
@@ -166,9 +167,6 @@ def _speculation(size: Size) -> WorkloadPlan:
         max_model_len=2048,
         toolserve_overrides={
             "tools.hosted": hosted_records_tools(config.latencies_s),
-            # A short run sees each agent kind only a few times: one sighting of a
-            # transition is enough for the learned predictor to try it.
-            "tools.speculation.learned_min_support": 1,
         },
         reference_system="toolserve-no-speculation",
     )

@@ -408,8 +408,11 @@ def test_a_records_task_the_server_answered_ends_after_one_request() -> None:
     ticket = program.messages[-1]["content"].split()[1]
     call = '<tool_call>\n{"name": "%s", "arguments": {"key": "%s"}}\n</tool_call>'
     tool_name = program.tools[0]["function"]["name"]
+    # The shape is held; the key is the model's to write, the task's ticket or not.
     assert regex.fullmatch("I will look it up.\n" + call % (tool_name, ticket))
-    assert not regex.fullmatch("I will look it up.\n" + call % (tool_name, "INC-2041"))
+    assert regex.fullmatch("I will look it up.\n" + call % (tool_name, "INC-2041"))
+    assert not regex.fullmatch(call % (tool_name, ticket)), "the plan sentence comes first"
+    assert not regex.fullmatch("I will look it up.\n" + call % ("other_tool", ticket))
     executed = (
         {"role": "assistant", "content": None, "tool_calls": [{"id": "s1"}]},
         {"role": "tool", "tool_call_id": "s1", "content": "record"},
