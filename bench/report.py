@@ -203,13 +203,14 @@ def _client_stalls(summary: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def _interval(value: dict[str, float] | None, unit: str = "", digits: int = 1) -> str:
-    if not value:
+def format_interval(value: dict[str, float | None] | None, unit: str = "", digits: int = 1) -> str:
+    """`1.23x [1.10, 1.37]`; `n/a` without a figure, `(one round)` without an interval."""
+    if not value or value["estimate"] is None:
         return "n/a"
-    return (
-        f"{value['estimate']:.{digits}f}{unit} "
-        f"[{value['low']:.{digits}f}, {value['high']:.{digits}f}]"
-    )
+    estimate = f"{value['estimate']:.{digits}f}{unit}"
+    if value["low"] is None or value["high"] is None:
+        return f"{estimate} (one round)"
+    return f"{estimate} [{value['low']:.{digits}f}, {value['high']:.{digits}f}]"
 
 
 def _provenance(summary: dict[str, Any]) -> list[str]:
@@ -245,11 +246,13 @@ def _comparisons(summary: dict[str, Any]) -> list[str]:
     if not comparisons:
         return []
     lines = [
-        "## Comparisons (paired by round and program)",
+        "## Comparisons (paired by round)",
         "",
         "Ratio of mean JCT, the reference's over the system's (above 1: the system is "
-        "faster), on the programs both completed, with its 95% bootstrap interval over "
-        "rounds and programs; the verdict is `not resolved` when the interval includes 1.0. "
+        "faster), on the programs both completed: each round gives one ratio, and the "
+        "figure is their geometric mean with a 95% Student-t interval over the rounds "
+        "(the round is the unit that repeats; one round gives no interval). The verdict is "
+        "`not resolved` when the interval includes 1.0. "
         "The last column repeats it with each program's JCT less the time the benchmark "
         "client was stalled (secondary: see the A/A run for whether it narrows the noise).",
         "",
@@ -261,9 +264,9 @@ def _comparisons(summary: dict[str, Any]) -> list[str]:
         ratio, adjusted = entry["jct_mean"], entry["jct_mean_less_client_stalls"]
         per_round = " / ".join(f"{value:.2f}" for value in ratio["per_round"]) if ratio else ""
         lines.append(
-            f"| {entry['system']} | {entry['reference']} | {_interval(ratio, 'x', 2)} "
+            f"| {entry['system']} | {entry['reference']} | {format_interval(ratio, 'x', 2)} "
             f"| {per_round} | {ratio['verdict'] if ratio else 'n/a'} "
-            f"| {_interval(adjusted, 'x', 2)} |"
+            f"| {format_interval(adjusted, 'x', 2)} |"
         )
     return [*lines, ""]
 
@@ -355,9 +358,10 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         intervals = figures["intervals"]
         lines.append(
             f"| {name} | {figures['programs']} ({figures['failed_programs']}) "
-            f"| {_interval(intervals['jct_mean_s'], ' s')} "
-            f"| {_interval(intervals['jct_median_s'], ' s')} "
-            f"| {_interval(intervals['jct_p90_s'], ' s')} | {_format(figures['jct_p99_s'], ' s')} "
+            f"| {format_interval(intervals['jct_mean_s'], ' s')} "
+            f"| {format_interval(intervals['jct_median_s'], ' s')} "
+            f"| {format_interval(intervals['jct_p90_s'], ' s')} "
+            f"| {_format(figures['jct_p99_s'], ' s')} "
             f"| {_format(figures['turn_latency_median_s'], ' s')} "
             f"| {_format(figures['tokens_per_s'], '', 1)} "
             f"| {_format(figures['time_saved_vs_stock_vllm_pct'], '%', 1)} |"

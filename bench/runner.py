@@ -448,7 +448,6 @@ def summarize(
             paired = paired_ratio(
                 _jct_by_round(runs[reference], rounds, less_stalls),
                 _jct_by_round(runs[label], rounds, less_stalls),
-                seed=options.seed,
             )
             entry[figure] = paired.as_json() if paired else None
         comparisons.append(entry)

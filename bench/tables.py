@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.report import format_interval
+
 BLOCK = re.compile(
     r"<!-- bench-table (?P<runs>[^>]*?) -->\n(?P<body>.*?)<!-- /bench-table -->", re.DOTALL
 )
@@ -26,15 +28,6 @@ def _load(run_dir: Path) -> dict[str, Any]:
             "re-record it to cite it"
         )
     return summary
-
-
-def _ci(value: dict[str, float] | None, unit: str = "", digits: int = 2) -> str:
-    if not value:
-        return "n/a"
-    return (
-        f"{value['estimate']:.{digits}f}{unit} "
-        f"[{value['low']:.{digits}f}, {value['high']:.{digits}f}]"
-    )
 
 
 def _count(work: dict[str, Any], name: str) -> str:
@@ -71,9 +64,10 @@ def bench_table(runs: Sequence[Path], root: Path = Path()) -> str:
         for entry in summary["comparisons"]:
             ratio = entry["jct_mean"]
             comparisons.append(
-                f"| {run} | {entry['system']} | {entry['reference']} | {_ci(ratio, 'x')} "
+                f"| {run} | {entry['system']} | {entry['reference']} "
+                f"| {format_interval(ratio, 'x', 2)} "
                 f"| {ratio['verdict'] if ratio else 'n/a'} "
-                f"| {_ci(entry['jct_mean_less_client_stalls'], 'x')} |"
+                f"| {format_interval(entry['jct_mean_less_client_stalls'], 'x', 2)} |"
             )
         for name, figures in summary["systems"].items():
             if "error" in figures:
@@ -81,7 +75,8 @@ def bench_table(runs: Sequence[Path], root: Path = Path()) -> str:
                 continue
             done = figures["work"]
             work.append(
-                f"| {run} | {name} | {_ci(figures['intervals']['jct_mean_s'], ' s', 1)} "
+                f"| {run} | {name} "
+                f"| {format_interval(figures['intervals']['jct_mean_s'], ' s', 1)} "
                 f"| {_count(done, 'prompt_tokens_computed')} "
                 f"| {_count(done, 'prompt_tokens_from_cache')} | {_count(done, 'preemptions')} "
                 f"| {_count(done, 'cpu_total_s')} | {_count(done, 'cpu_engine_s')} |"
