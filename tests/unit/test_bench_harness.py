@@ -158,16 +158,22 @@ def test_cpu_of_a_process_tree_counts_its_children() -> None:
 
 
 def test_vllm_engine_processes_are_told_apart_by_their_titles() -> None:
-    titled = "import setproctitle, time; setproctitle.setproctitle('VLLM::Worker'); "
+    titled = "import setproctitle, time; setproctitle.setproctitle('VLLM::Worker')"
     spin = "end = time.process_time() + 0.5\nwhile time.process_time() < end: pass"
-    worker = subprocess.Popen([sys.executable, "-c", titled + "\n" + spin])
+    # The worker stays alive after its work, so the last sample sees all of it
+    # however late a loaded machine schedules the sampler.
+    done = "print('spun', flush=True)\ntime.sleep(60)"
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "\n".join((titled, spin, done))], stdout=subprocess.PIPE, text=True
+    )
     try:
         sampler = ProcessTreeCpu(worker.pid, interval_s=0.05)
         sampler.start()
-        worker.wait(timeout=30)
+        assert worker.stdout is not None and worker.stdout.readline().strip() == "spun"
         use = sampler.stop()
     finally:
         worker.kill()
+        worker.wait(timeout=30)
     assert use.engine_s >= 0.3 and use.by_process_name.get("VLLM::Worker", 0) >= 0.3
 
 

@@ -346,6 +346,7 @@ def _provenance() -> Provenance:
 
 
 def test_summary_report_and_plots(tmp_path: Path) -> None:
+    # Two rounds alike: a comparison's interval comes from its rounds.
     runs = {
         "stock-vllm": ArmRuns(
             "stock-vllm",
@@ -354,9 +355,11 @@ def test_summary_report_and_plots(tmp_path: Path) -> None:
                     [_program("stock-vllm", "a", 10.0), _program("stock-vllm", "b", 20.0)],
                     [_request("stock-vllm", 0, 2.0), _request("stock-vllm", 1, 4.0)],
                     20.0,
+                    round_index=round_index,
                     rates={"engine_prefix_hit_rate": 0.5},
                     kv_cache_tokens=100,
                 )
+                for round_index in (0, 1)
             ],
         ),
         "toolserve": ArmRuns(
@@ -366,15 +369,17 @@ def test_summary_report_and_plots(tmp_path: Path) -> None:
                     [_program("toolserve", "a", 5.0), _program("toolserve", "b", 10.0)],
                     [_request("toolserve", 0, 1.0), _request("toolserve", 1, 2.0)],
                     10.0,
+                    round_index=round_index,
                     rates={"engine_prefix_hit_rate": 0.9},
                 )
+                for round_index in (0, 1)
             ],
         ),
         "stock-ray-serve-llm": ArmRuns("stock-ray-serve-llm", errors=["not ready after 900s"]),
     }
-    options = _options(tmp_path, list(runs))
+    options = replace(_options(tmp_path, list(runs)), repeats=2)
     summary = summarize(
-        options, "two programs", _settings(), 128, [list(runs)], runs, _provenance(), 0
+        options, "two programs", _settings(), 128, [list(runs)] * 2, runs, _provenance(), 0
     )
     (comparison,) = summary["comparisons"]
     assert (comparison["reference"], comparison["system"]) == ("stock-vllm", "toolserve")
@@ -396,8 +401,8 @@ def test_summary_report_and_plots(tmp_path: Path) -> None:
         assert key in stored["systems"]["toolserve"]
 
     report = write_markdown(tmp_path, summary).read_text()
-    assert "| toolserve | 2 (0) | 7.5 s [5.0, 10.0] |" in report
-    assert "| toolserve | stock-vllm | 2.00x [2.00, 2.00] | 2.00 | faster |" in report
+    assert "| toolserve | 4 (0) | 7.5 s [5.0, 10.0] |" in report
+    assert "| toolserve | stock-vllm | 2.00x [2.00, 2.00] | 2.00 / 2.00 | faster |" in report
     assert "stock-ray-serve-llm | failed: not ready after 900s" in report
     assert "KV cache 128 MiB (100 tokens)" in report
     assert "contexts summed to 110 tokens (1.1x the capacity)" in report
