@@ -28,6 +28,7 @@ from bench.metrics import (
     system_figures,
     time_saved_pct,
 )
+from bench.peer import run_aiperf
 from bench.provenance import Provenance, note_code_state, start_provenance, utc_now
 from bench.report import write_markdown, write_plots, write_summary
 from bench.stats import STATISTICS, bootstrap, paired_ratio, round_orders
@@ -40,7 +41,7 @@ from bench.systems import (
     system_catalog,
     with_overrides,
 )
-from bench.workloads import Size, plan_workload
+from bench.workloads import Size, WorkloadPlan, plan_workload
 from cluster.config import REPO_ROOT, ToolserveConfig, load_config
 
 Log = Callable[[str], None]
@@ -186,9 +187,7 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
         for label in order:
             if not note_code_state(provenance, REPO_ROOT, options.output_dir):
                 log("bench: WARNING: the code changed since the run started; the report says so")
-            arm_run = _run_arm(
-                options, plan.build, label, round_index, setups[label], run_dir, runs, log
-            )
+            arm_run = _run_arm(options, plan, label, round_index, setups[label], run_dir, runs, log)
             if arm_run is None:
                 continue
             with records_path.open("a") as records:
@@ -259,7 +258,7 @@ def arm_setup(
 
 def _run_arm(
     options: BenchOptions,
-    build: Callable[[int], Sequence[Any]],
+    plan: WorkloadPlan,
     label: str,
     round_index: int,
     setup: ArmSetup,
@@ -287,15 +286,27 @@ def _run_arm(
         cpu = ProcessTreeCpu(process.pid)
         cpu.start()
         try:
-            result: RunResult = asyncio.run(
-                run_workload(
-                    build(options.seed),
+            result: RunResult = (
+                run_aiperf(
+                    plan.peer.model_copy(update={"seed": options.seed}),
                     endpoint.base_url,
                     settings.served_model_name,
+                    settings.model_path,
+                    run_dir / "aiperf" / tag,
                     label,
                     round_index,
-                    options.show_progress,
-                    draft_model=draft if spec.client_speculation else None,
+                )
+                if plan.peer
+                else asyncio.run(
+                    run_workload(
+                        plan.build(options.seed),
+                        endpoint.base_url,
+                        settings.served_model_name,
+                        label,
+                        round_index,
+                        options.show_progress,
+                        draft_model=draft if spec.client_speculation else None,
+                    )
                 )
             )
         finally:

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from bench.workloads.aiperf import AiperfWorkload
 from bench.workloads.bfcl import BfclConfig, generate_bfcl
 from bench.workloads.codegen import CodegenConfig, generate_codegen
 from bench.workloads.distributions import Distribution
@@ -41,6 +42,9 @@ class WorkloadPlan:
     """Configuration toolserve systems need for this workload (hosted tools)."""
     reference_system: str | None = None
     """The system per-agent-kind time saved is measured against, when it ran."""
+    peer: AiperfWorkload | None = None
+    """Conversations AIPerf sends instead of this harness's programs (`build` is
+    then empty)."""
 
 
 def _quick_profile_turns(mean: float) -> Distribution:
@@ -172,6 +176,39 @@ def _speculation(size: Size) -> WorkloadPlan:
     )
 
 
+def _aiperf_multi_turn(size: Size) -> WorkloadPlan:
+    if size == "quick":
+        peer = AiperfWorkload(
+            conversations=6, turns=4, turn_delay_ms=1000, turn_delay_stddev_ms=500,
+            input_tokens=64, output_tokens=32, concurrency=6,
+        )  # fmt: skip
+        kv_cache_mib, max_model_len = 128, 2048
+    else:
+        # Pause between turns: BFCL v4 tool time (Continuum, arXiv 2511.02230, Table 1).
+        peer = AiperfWorkload(
+            conversations=24, turns=8, turn_delay_ms=1923, turn_delay_stddev_ms=2133,
+            input_tokens=64, output_tokens=48, concurrency=12,
+        )  # fmt: skip
+        kv_cache_mib, max_model_len = 256, 4096
+    return WorkloadPlan(
+        name="aiperf-multi-turn",
+        size=size,
+        description=(
+            f"AIPerf's synthetic multi-turn conversations, driven by `aiperf profile`: "
+            f"{peer.conversations} conversations of {peer.turns} turns, {peer.concurrency} "
+            f"at once, {peer.input_tokens} new prompt tokens and {peer.output_tokens} "
+            f"generated per turn, {peer.turn_delay_ms:g} ms (sd {peer.turn_delay_stddev_ms:g}) "
+            "between turns for the tool, one X-Session-ID per conversation. Not reproduced: "
+            "tool calls (AIPerf's synthetic turns are plain chat; it replays tool turns only "
+            "from recorded histories, not the server's live replies)"
+        ),
+        build=lambda seed: [],
+        kv_cache_mib=kv_cache_mib,
+        max_model_len=max_model_len,
+        peer=peer,
+    )
+
+
 WORKLOADS: dict[str, Callable[[Size], WorkloadPlan]] = {
     "many-agent": _many_agent,
     "bugfix-6": lambda size: _workflow("bugfix-6", size),
@@ -179,6 +216,7 @@ WORKLOADS: dict[str, Callable[[Size], WorkloadPlan]] = {
     "bfcl": _bfcl,
     "codegen": _codegen,
     "speculation": _speculation,
+    "aiperf-multi-turn": _aiperf_multi_turn,
 }
 
 
