@@ -27,6 +27,15 @@ from cluster.config import REPO_ROOT
 AIPERF_VERSION = "0.13.0"
 AIPERF_VENV = REPO_ROOT / ".venv-aiperf"
 EXPORT_FILE = "profile_export.jsonl"
+REPORT_FILE = "profile_export_aiperf.json"
+# Our name -> (AIPerf's metric, its statistic) in AIPerf's own summary report.
+AIPERF_FIGURES = {
+    "request_latency_ms": ("request_latency", "avg"),
+    "request_latency_p90_ms": ("request_latency", "p90"),
+    "time_to_first_token_ms": ("time_to_first_token", "avg"),
+    "inter_token_latency_ms": ("inter_token_latency", "avg"),
+    "output_tokens_per_s": ("output_token_throughput", "avg"),
+}
 _TIMEOUT_S = 3600.0
 
 
@@ -113,6 +122,20 @@ def run_aiperf(
     return records_from_export([json.loads(line) for line in lines if line.strip()], system, repeat)
 
 
+def aiperf_report_figures(artifact_dir: Path) -> dict[str, float]:
+    """The figures of `AIPERF_FIGURES` from the report AIPerf wrote itself."""
+    reports = sorted(artifact_dir.rglob(REPORT_FILE))
+    if not reports:
+        return {}
+    report = json.loads(reports[0].read_text())
+    figures = {}
+    for name, (metric, statistic) in AIPERF_FIGURES.items():
+        value = (report.get(metric) or {}).get(statistic)
+        if isinstance(value, int | float):
+            figures[name] = float(value)
+    return figures
+
+
 def _metric(record: dict[str, Any], name: str) -> float | None:
     value = (record.get("metrics") or {}).get(name)
     if isinstance(value, dict):
@@ -129,6 +152,32 @@ def _error_text(metadata: dict[str, Any], record: dict[str, Any]) -> str | None:
     return str(error)
 
 
+def _session(metadata: dict[str, Any]) -> str:
+    """One run of one conversation: AIPerf's per-session correlation id."""
+    return str(metadata.get("x_correlation_id") or metadata["session_num"])
+
+
+def _program_ids(metadata: list[dict[str, Any]]) -> dict[str, str]:
+    """Session -> program id: the dataset's conversation id, the same on every
+    system and round (AIPerf's session ids are random per run), so runs pair up
+    program by program; a conversation AIPerf sent twice gets `#2` on its second
+    session, by start time."""
+    first_start: dict[str, tuple[int, str]] = {}
+    for entry in metadata:
+        session = _session(entry)
+        start = int(entry["request_start_ns"])
+        if session not in first_start or start < first_start[session][0]:
+            first_start[session] = (start, str(entry.get("conversation_id") or session))
+    ids: dict[str, str] = {}
+    sent: dict[str, int] = {}
+    for session, (_, conversation) in sorted(first_start.items(), key=lambda item: item[1]):
+        sent[conversation] = sent.get(conversation, 0) + 1
+        ids[session] = (
+            conversation if sent[conversation] == 1 else f"{conversation}#{sent[conversation]}"
+        )
+    return ids
+
+
 def records_from_export(export: list[dict[str, Any]], system: str, repeat: int) -> RunResult:
     """AIPerf's per-request records (profiling phase) as this harness's request
     and program records: a conversation is a program, from its first request's
@@ -142,15 +191,12 @@ def records_from_export(export: list[dict[str, Any]], system: str, repeat: int) 
     if not profiled:
         return RunResult([], [], 0.0)
     start_ns = min(record["metadata"]["request_start_ns"] for record in profiled)
+    program_ids = _program_ids([record["metadata"] for record in profiled])
     requests: list[RequestRecord] = []
     by_conversation: dict[str, list[tuple[dict[str, Any], RequestRecord]]] = {}
     for record in profiled:
         metadata = record["metadata"]
-        conversation = str(
-            metadata.get("x_correlation_id")
-            or metadata.get("conversation_id")
-            or metadata["session_num"]
-        )
+        conversation = program_ids[_session(metadata)]
         request = RequestRecord(
             system=system,
             repeat=repeat,

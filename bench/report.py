@@ -271,6 +271,55 @@ def _comparisons(summary: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _peer_report(summary: dict[str, Any]) -> list[str]:
+    """AIPerf's own summary of each run beside ours, where AIPerf drove the load."""
+    systems = {
+        name: figures["aiperf"]
+        for name, figures in summary["systems"].items()
+        if figures.get("aiperf")
+    }
+    if not systems:
+        return []
+    lines = [
+        "## AIPerf's own report",
+        "",
+        "From `profile_export_aiperf.json`, which AIPerf wrote for each run (under "
+        "`aiperf/<system>-r<round>/`), averaged over the rounds: its request latency "
+        "(the whole turn, streamed), time to first token, inter-token latency and output "
+        "throughput. Its request-latency ratio is compared round by round like the JCT "
+        "ratio above.",
+        "",
+        "| system | request latency mean | request latency p90 | time to first token "
+        "| inter-token latency | output tokens/s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, figures in systems.items():
+        lines.append(
+            f"| {name} | {_format(figures['request_latency_ms']['mean'], ' ms', 0)} "
+            f"| {_format(figures['request_latency_p90_ms']['mean'], ' ms', 0)} "
+            f"| {_format(figures['time_to_first_token_ms']['mean'], ' ms', 0)} "
+            f"| {_format(figures['inter_token_latency_ms']['mean'], ' ms', 1)} "
+            f"| {_format(figures['output_tokens_per_s']['mean'], '', 1)} |"
+        )
+    ratios = [entry for entry in summary["comparisons"] if entry.get("aiperf_request_latency_mean")]
+    if ratios:
+        lines += [
+            "",
+            "| system | reference | AIPerf request latency ratio [95% CI] | per round "
+            "| verdict | our mean JCT ratio |",
+            "|---|---|---|---|---|---|",
+        ]
+        for entry in ratios:
+            ratio = entry["aiperf_request_latency_mean"]
+            lines.append(
+                f"| {entry['system']} | {entry['reference']} "
+                f"| {format_interval(ratio, 'x', 2)} "
+                f"| {' / '.join(f'{value:.2f}' for value in ratio['per_round'])} "
+                f"| {ratio['verdict']} | {format_interval(entry['jct_mean'], 'x', 2)} |"
+            )
+    return [*lines, ""]
+
+
 def _work(summary: dict[str, Any]) -> list[str]:
     rows = {
         name: figures["work"] for name, figures in summary["systems"].items() if figures.get("work")
@@ -371,6 +420,7 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         "Time saved compares total job time over the programs both systems completed.",
         "",
         *_comparisons(summary),
+        *_peer_report(summary),
         *_work(summary),
         *_client_stalls(summary),
         *_memory_pressure(summary),
@@ -416,6 +466,14 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         "- `records.jsonl`: one line per request and per program, every system and repeat",
         "- `console.log`: what the command printed",
         "- `logs/`: each system's server log, configuration and final metrics scrape",
+        *(
+            [
+                "- `aiperf/`: AIPerf's own files per system and round (its command, console "
+                "output, summary report and per-request export)"
+            ]
+            if any(figures.get("aiperf") for figures in summary["systems"].values())
+            else []
+        ),
         "",
     ]
     path = run_dir / "report.md"

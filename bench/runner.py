@@ -28,7 +28,7 @@ from bench.metrics import (
     system_figures,
     time_saved_pct,
 )
-from bench.peer import run_aiperf
+from bench.peer import AIPERF_FIGURES, aiperf_report_figures, run_aiperf
 from bench.provenance import Provenance, note_code_state, start_provenance, utc_now
 from bench.report import write_markdown, write_plots, write_summary
 from bench.stats import STATISTICS, bootstrap, paired_ratio, round_orders
@@ -110,6 +110,8 @@ class ArmRun:
     work: dict[str, float | None]
     cpu: CpuUse
     kv_cache_tokens: int | None
+    peer_figures: dict[str, float] = field(default_factory=dict)
+    """The peer benchmark's own summary of the run (AIPerf's report), if one ran."""
 
 
 @dataclass
@@ -334,6 +336,7 @@ def _run_arm(
         work=engine_work(metrics_before, metrics_after),
         cpu=cpu_use,
         kv_cache_tokens=kv_cache_size_tokens(metrics_after),
+        peer_figures=aiperf_report_figures(run_dir / "aiperf" / tag) if plan.peer else {},
     )
     arm.runs.append(arm_run)
     (run_dir / "logs" / f"{tag}.cpu.json").write_text(
@@ -377,18 +380,35 @@ def _intervals(arm: ArmRuns, rounds: int, seed: int) -> dict[str, Any]:
     return {name: value.as_json() if value else None for name, value in intervals.items()}
 
 
+def _by_round(
+    arm: ArmRuns, names: Sequence[str], figures: Callable[[ArmRun], dict[str, Any]]
+) -> dict[str, Any]:
+    """Each named figure of every round's run: their mean and each round's."""
+    runs = sorted(arm.runs, key=lambda run: run.round)
+    by_round: dict[str, Any] = {}
+    for name in names:
+        values = [figures(run).get(name) for run in runs]
+        by_round[name] = {"mean": _mean(values), "per_round": values}
+    return by_round
+
+
 def _work(arm: ArmRuns) -> dict[str, Any]:
-    """Engine counters and CPU seconds: the mean per round and each round's."""
-    per_round: dict[str, list[float | None]] = {name: [] for name in ENGINE_COUNTERS}
-    per_round |= {"cpu_total_s": [], "cpu_engine_s": []}
-    for run in sorted(arm.runs, key=lambda run: run.round):
-        for name in ENGINE_COUNTERS:
-            per_round[name].append(run.work.get(name))
-        for name, value in run.cpu.as_json().items():
-            per_round[name].append(value)
-    return {
-        name: {"mean": _mean(values), "per_round": values} for name, values in per_round.items()
-    }
+    """Engine counters and CPU seconds."""
+    return _by_round(
+        arm,
+        [*ENGINE_COUNTERS, "cpu_total_s", "cpu_engine_s"],
+        lambda run: run.work | run.cpu.as_json(),
+    )
+
+
+def _peer_figure_by_round(arm: ArmRuns, rounds: int, name: str) -> list[dict[str, float]]:
+    """A peer report's figure per round, shaped as one program per round for
+    `paired_ratio`: the ratio of two arms is then taken round by round."""
+    by_round: list[dict[str, float]] = [{} for _ in range(rounds)]
+    for run in arm.runs:
+        if name in run.peer_figures:
+            by_round[run.round]["run"] = run.peer_figures[name]
+    return by_round
 
 
 def comparison_pairs(labels: Sequence[str]) -> list[tuple[str, str]]:
@@ -449,6 +469,11 @@ def summarize(
             "startup_s": [run.startup_s for run in arm.runs],
             "intervals": _intervals(arm, rounds, options.seed),
             "work": _work(arm),
+            **(
+                {"aiperf": _by_round(arm, list(AIPERF_FIGURES), lambda run: run.peer_figures)}
+                if any(run.peer_figures for run in arm.runs)
+                else {}
+            ),
         }
     comparisons = []
     for reference, label in comparison_pairs(list(runs)):
@@ -461,6 +486,13 @@ def summarize(
                 _jct_by_round(runs[label], rounds, less_stalls),
             )
             entry[figure] = paired.as_json() if paired else None
+        # The peer's own figure, compared the same way (round by round).
+        peer = paired_ratio(
+            _peer_figure_by_round(runs[reference], rounds, "request_latency_ms"),
+            _peer_figure_by_round(runs[label], rounds, "request_latency_ms"),
+        )
+        if peer:
+            entry["aiperf_request_latency_mean"] = peer.as_json()
         comparisons.append(entry)
     capacity = next(
         (run.kv_cache_tokens for arm in runs.values() for run in arm.runs if run.kv_cache_tokens),

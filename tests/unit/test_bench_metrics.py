@@ -545,10 +545,10 @@ def test_stall_monitor_records_the_moment_the_event_loop_was_blocked() -> None:
         return monitor.stalls
 
     stalls = asyncio.run(run())
-    assert stalls, "a 0.4 s block went unnoticed"
-    # Whichever probe was waiting when the loop blocked reports it, and only then.
-    assert all(0.1 <= stall.at_s <= 0.7 for stall in stalls), stalls
-    assert 0.2 <= max(stall.lag_s for stall in stalls) <= 1.0
+    # Whichever probe was waiting when the loop blocked reports it: a probe sent
+    # before the block ended and back at least most of the block late. (A loaded
+    # machine may add stalls of its own; they are real, so none is ruled out.)
+    assert any(stall.at_s <= 0.6 and stall.lag_s >= 0.25 for stall in stalls), stalls
     assert stalls[0].as_json()["kind"] == "client_stall"
 
 
@@ -566,3 +566,45 @@ def test_jct_without_client_stalls_subtracts_only_the_programs_own_run_and_lifet
     figures = system_figures([program], [], 100.0, stalls=stalls[:4])
     assert figures.client_stall_s == pytest.approx(25.0)
     assert figures.jct_mean_without_client_stalls_s == pytest.approx(33.0)
+
+
+def test_a_peer_benchmarks_own_report_is_shown_and_compared_by_round(tmp_path: Path) -> None:
+    def arm(system: str, jct: float, latency_ms: tuple[float, float]) -> ArmRuns:
+        return ArmRuns(
+            system,
+            [
+                replace(
+                    _arm_run(
+                        [_program(system, "a", jct)],
+                        [_request(system, 0, 1.0)],
+                        jct,
+                        round_index=round_index,
+                    ),
+                    peer_figures={
+                        "request_latency_ms": latency,
+                        "request_latency_p90_ms": 2 * latency,
+                        "time_to_first_token_ms": 100.0,
+                        "inter_token_latency_ms": 40.0,
+                        "output_tokens_per_s": 30.0,
+                    },
+                )
+                for round_index, latency in enumerate(latency_ms)
+            ],
+        )
+
+    runs = {"stock-vllm": arm("stock-vllm", 10.0, (800.0, 900.0)),
+            "toolserve": arm("toolserve", 5.0, (400.0, 450.0))}  # fmt: skip
+    options = replace(_options(tmp_path, list(runs), "aiperf-multi-turn"), repeats=2)
+    summary = summarize(
+        options, "aiperf", _settings(), 128, [list(runs)] * 2, runs, _provenance(), 0
+    )
+    assert summary["systems"]["toolserve"]["aiperf"]["request_latency_ms"] == {
+        "mean": 425.0,
+        "per_round": [400.0, 450.0],
+    }
+    (comparison,) = summary["comparisons"]
+    assert comparison["aiperf_request_latency_mean"]["per_round"] == [2.0, 2.0]
+    report = write_markdown(tmp_path, summary).read_text()
+    assert "## AIPerf's own report" in report
+    assert "| toolserve | 425 ms | 850 ms | 100 ms | 40.0 ms | 30.0 |" in report
+    assert "| toolserve | stock-vllm | 2.00x [2.00, 2.00] | 2.00 / 2.00 | faster | 2.00x" in report
