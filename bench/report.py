@@ -367,6 +367,15 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         f"```\n{summary['command']}\n```",
         "",
         *_provenance(summary),
+        *(
+            [
+                f"**Partial:** {summary['rounds']} of {summary['rounds_planned']} rounds "
+                "recorded so far (the run was still going or was cut short).",
+                "",
+            ]
+            if summary.get("rounds_planned", summary["rounds"]) > summary["rounds"]
+            else []
+        ),
         f"Workload: {summary['workload_description']}. Seed {summary['seed']}, "
         f"{summary['rounds']} round(s), each system once per round in a random order "
         f"(seed {summary['order_seed']}): {orders}."

@@ -185,6 +185,26 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
     )
 
     runs = {label: ArmRuns(system) for label, system in arms.items()}
+
+    def record_rounds(done: list[list[str]]) -> dict[str, Any]:
+        """The summary of the rounds done so far, written at once, so a run cut
+        short keeps every round it finished."""
+        summary = summarize(
+            options,
+            plan.description,
+            settings,
+            kv_cache_mib,
+            done,
+            runs,
+            provenance,
+            order_seed,
+            plan.reference_system,
+        )
+        summary["rounds_planned"] = len(orders)
+        write_summary(run_dir, summary)
+        write_markdown(run_dir, summary)
+        return summary
+
     for round_index, order in enumerate(orders):
         for label in order:
             if not note_code_state(provenance, REPO_ROOT, options.output_dir):
@@ -199,29 +219,19 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
                     + [s.as_json() for s in arm_run.stalls]
                 ):
                     records.write(json.dumps(line) + "\n")
+        if round_index + 1 < len(orders):
+            record_rounds(orders[: round_index + 1])
+            log(f"bench: round {round_index} recorded ({round_index + 1} of {len(orders)})")
     note_code_state(provenance, REPO_ROOT, options.output_dir)
     provenance.finished_utc = utc_now()
-
-    summary = summarize(
-        options,
-        plan.description,
-        settings,
-        kv_cache_mib,
-        orders,
-        runs,
-        provenance,
-        order_seed,
-        plan.reference_system,
-    )
-    write_summary(run_dir, summary)
+    record_rounds(orders)
     write_plots(
         run_dir,
         list(runs),
         [program for arm in runs.values() for program in arm.programs],
         [request for arm in runs.values() for request in arm.requests],
     )
-    report = write_markdown(run_dir, summary)
-    log(f"bench: report at {report}")
+    log(f"bench: report at {run_dir / 'report.md'}")
     return run_dir
 
 

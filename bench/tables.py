@@ -27,6 +27,8 @@ def _load(run_dir: Path) -> dict[str, Any]:
             f"{run_dir}: recorded before runs had rounds, intervals and provenance; "
             "re-record it to cite it"
         )
+    if summary.get("rounds_planned", summary["rounds"]) > summary["rounds"]:
+        raise ValueError(f"{run_dir}: only {summary['rounds']} of its rounds were recorded")
     return summary
 
 

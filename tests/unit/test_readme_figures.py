@@ -99,3 +99,13 @@ def test_runs_recorded_before_intervals_cannot_be_cited(tmp_path: Path) -> None:
     (tmp_path / run / "summary.json").write_text(json.dumps({"systems": {}}))
     with pytest.raises(ValueError, match="re-record it"):
         bench_table([run], tmp_path)
+
+
+def test_a_run_cut_short_cannot_be_cited(tmp_path: Path) -> None:
+    run = Path("partial")
+    (tmp_path / run).mkdir()
+    (tmp_path / run / "summary.json").write_text(
+        json.dumps({**_summary(1.25), "rounds": 2, "rounds_planned": 3})
+    )
+    with pytest.raises(ValueError, match="only 2 of its rounds"):
+        bench_table([run], tmp_path)
