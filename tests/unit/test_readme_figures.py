@@ -84,7 +84,7 @@ def test_a_figure_that_differs_from_its_run_is_caught(tmp_path: Path) -> None:
         "[run-1](bench/results/run-1/report.md) (many-agent, default, 3 rounds, `abcdef01`)"
         in table
     )
-    assert "| toolserve | stock-vllm | 1.25x [1.15, 1.35] | faster | n/a |" in table
+    assert "| toolserve | stock-vllm | 1.25x [1.15, 1.35] | faster | n/a | n/a |" in table
     assert "| toolserve | 50.0 s [40.0, 60.0] | 1,234 | 99 | 0 | 10 | 8 |" in table
     readme = f"<!-- bench-table {run} -->\n{table}<!-- /bench-table -->"
     assert stale_blocks(readme, tmp_path) == []
