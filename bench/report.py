@@ -241,6 +241,11 @@ def _provenance(summary: dict[str, Any]) -> list[str]:
     ]
 
 
+def _per_round(ratio: dict[str, Any] | None) -> str:
+    """A comparison's ratio in each round: `1.20 / 1.05 / 1.16`."""
+    return " / ".join(f"{value:.2f}" for value in ratio["per_round"]) if ratio else ""
+
+
 def _comparisons(summary: dict[str, Any]) -> list[str]:
     comparisons = summary.get("comparisons") or []
     if not comparisons:
@@ -262,10 +267,9 @@ def _comparisons(summary: dict[str, Any]) -> list[str]:
     ]
     for entry in comparisons:
         ratio, adjusted = entry["jct_mean"], entry["jct_mean_less_client_stalls"]
-        per_round = " / ".join(f"{value:.2f}" for value in ratio["per_round"]) if ratio else ""
         lines.append(
             f"| {entry['system']} | {entry['reference']} | {format_interval(ratio, 'x', 2)} "
-            f"| {per_round} | {ratio['verdict'] if ratio else 'n/a'} "
+            f"| {_per_round(ratio)} | {ratio['verdict'] if ratio else 'n/a'} "
             f"| {format_interval(adjusted, 'x', 2)} |"
         )
     return [*lines, ""]
@@ -314,7 +318,7 @@ def _peer_report(summary: dict[str, Any]) -> list[str]:
             lines.append(
                 f"| {entry['system']} | {entry['reference']} "
                 f"| {format_interval(ratio, 'x', 2)} "
-                f"| {' / '.join(f'{value:.2f}' for value in ratio['per_round'])} "
+                f"| {_per_round(ratio)} "
                 f"| {ratio['verdict']} | {format_interval(entry['jct_mean'], 'x', 2)} |"
             )
     return [*lines, ""]
