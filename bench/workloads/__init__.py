@@ -63,7 +63,9 @@ def _many_agent(size: Size) -> WorkloadPlan:
         )
         kv_cache_mib, max_model_len = 128, 2048
     else:
-        config = TraceConfig(programs=24, arrival_rate_per_s=0.25)
+        # Sized so three rounds of the default system set (six systems) fit in about
+        # an hour on 2 cores: 24 programs took 5-7 minutes a system.
+        config = TraceConfig(programs=12, arrival_rate_per_s=0.25)
         kv_cache_mib, max_model_len = 256, 4096
     return WorkloadPlan(
         name="many-agent",
@@ -87,7 +89,9 @@ def _workflow(name: str, size: Size) -> WorkloadPlan:
         sessions, rate = (3, 0.5) if size == "quick" else (12, 0.2)
         kv_cache_mib, max_model_len = 128, 2048
     else:
-        sessions, rate = (1, 0.0) if size == "quick" else (4, 0.05)
+        # Four sessions took about 15 minutes a system; two keep three rounds of the
+        # default systems near an hour while contexts still outgrow the KV budget.
+        sessions, rate = (1, 0.0) if size == "quick" else (2, 0.05)
         kv_cache_mib, max_model_len = 384, 8192
     config = WorkflowConfig(workflow=name, sessions=sessions, arrival_rate_per_s=rate)
     turns = 6 if name == "bugfix-6" else 35
