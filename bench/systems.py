@@ -331,7 +331,7 @@ class SystemSpec:
         raw = toolserve_config(settings, base_config, self.overrides, port, metrics_port)
         config_path = workdir / "logs" / f"{tag}.yaml"
         config_path.write_text(yaml.safe_dump(raw, sort_keys=False))
-        command = [sys.executable, "-m", "cluster.cli", "up", "--config", str(config_path)]
+        command = [sys.executable, "-m", "cluster.launch.cli", "up", "--config", str(config_path)]
         # `toolserve up` says so once every configured replica's engine is ready.
         return LaunchPlan(command, environment, log_path, endpoint, "[toolserve] ready in ", raw)
 

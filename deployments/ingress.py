@@ -19,7 +19,10 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cluster.config import ToolsConfig
-from cluster.store import ClusterStore, PinningControl, ResponseOwner
+from cluster.store.pins import ControlOperation, PinningControl, PinStore
+from cluster.store.replicas import EngineState, ReplicaStatus, ReplicaStatusStore
+from cluster.store.responses import ResponseOwner, ResponseOwners
+from cluster.store.tool_state import ToolStateUnavailable
 from deployments.continuation import TurnContext
 from deployments.errors import (
     ApiError,
@@ -28,7 +31,7 @@ from deployments.errors import (
     invalid_request,
     model_not_found,
 )
-from deployments.model_server import EngineState, EngineStatus, ReplyHead
+from deployments.model_server import ReplyHead
 from deployments.pinning.settings import LAST_STEP_ARG
 from deployments.speculator import SpeculationTurn, Speculator
 from deployments.tool_api import (
@@ -41,7 +44,6 @@ from deployments.tool_api import (
 from toolworkers.cache_keys import ArgumentsError, normalized_arguments
 from toolworkers.predictor import ObservedCall
 from toolworkers.speculation import StreamedCalls, reply_calls
-from toolworkers.tool_state import ToolStateUnavailable
 
 SESSION_HEADER = "X-Session-ID"
 ONESHOT_PREFIX = "oneshot-"
@@ -213,7 +215,9 @@ class OpenAIIngress:
         self._draft_model = draft_model
         self._max_model_len = max_model_len
         self._created = int(time.time())
-        self._store = ClusterStore(redis_url)
+        self._pins = PinStore(redis_url)
+        self._replica_statuses = ReplicaStatusStore(redis_url)
+        self._response_owners = ResponseOwners(redis_url)
         self._deployment_id = deployment_id
         from toolworkers.workers import tool_executor
 
@@ -261,15 +265,14 @@ class OpenAIIngress:
         """Every replica's engine (as reported to Redis; one per role when Redis is
         down); ok while each role has at least one ready replica."""
         roles = {"main": self._main} | ({"draft": self._draft} if self._draft else {})
-        reports = await self._store.replica_statuses(self._deployment_id)
+        reports = await self._replica_statuses.statuses(self._deployment_id)
         if reports is None:
             engines = [await self._status_of(role, handle) for role, handle in roles.items()]
         else:
             engines = [
-                {"role": r.role, "model": r.model, "replica": r.replica_id, "state": r.state,
-                 "detail": r.detail}
-                for r in sorted(reports, key=lambda r: (r.role, r.replica_id))
-            ]  # fmt: skip
+                report.as_report()
+                for report in sorted(reports, key=lambda r: (r.role, r.replica_id))
+            ]
         report = health_report(list(roles), engines) | {"redis": reports is not None}
         if report["status"] != "ok":
             waiting = [e for e in engines if e["state"] != EngineState.READY.value] or engines
@@ -280,20 +283,16 @@ class OpenAIIngress:
 
     async def _status_of(self, role: str, handle: DeploymentHandle) -> dict[str, Any]:
         try:
-            status: EngineStatus = await asyncio.wait_for(handle.status.remote(), _STATUS_TIMEOUT_S)
+            status: ReplicaStatus = await asyncio.wait_for(
+                handle.status.remote(), _STATUS_TIMEOUT_S
+            )
         except Exception as error:
             return {
                 "role": role,
                 "state": "unreachable",
                 "detail": f"replica unreachable: {type(error).__name__}",
             }
-        return {
-            "role": status.role,
-            "model": status.model,
-            "replica": status.replica_id,
-            "state": status.state.value,
-            "detail": status.detail,
-        }
+        return status.as_report()
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> Response:
@@ -313,7 +312,7 @@ class OpenAIIngress:
         tenant = tenant_of(request.headers.get("authorization"))
         body["request_id"] = body.get("request_id") or uuid.uuid4().hex
         owner = ResponseOwner(f"chatcmpl-{body['request_id']}", tenant, program_id)
-        await self._store.record_response(owner, self._tools_config.cache.response_owner_ttl_s)
+        await self._response_owners.record(owner, self._tools_config.cache.response_owner_ttl_s)
         turn = TurnContext(tenant=tenant, execute_tools=options.execute_tools)
         to_draft = self._draft_model is not None and body.get("model") == self._draft_model
         speculation = (
@@ -399,8 +398,8 @@ class OpenAIIngress:
         whichever replica holds it, and drop its stateful tools' state."""
         route = "sessions"
         try:
-            ended = PinningControl("end_program", program_id)
-            if await self._store.send_pinning_control(ended) == 0:
+            ended = PinningControl(ControlOperation.END_PROGRAM, program_id)
+            if await self._pins.send_control(ended) == 0:
                 await self._main.end_program.remote(program_id)  # Redis down: one replica
         except Exception as error:
             unavailable = engine_not_ready(f"model replica unavailable: {type(error).__name__}")
@@ -458,7 +457,7 @@ class OpenAIIngress:
 
     async def _response_owner(self, response_id: str, request: Request) -> ResponseOwner:
         try:
-            owner = await self._store.response_owner(response_id)
+            owner = await self._response_owners.owner(response_id)
         except Exception as error:
             raise RequestRejected(
                 ApiError(

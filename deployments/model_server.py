@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import json
 import logging
 import os
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cluster.config import ModelDeploymentConfig, ToolsConfig
-from cluster.store import ClusterStore, ReplicaStatus
+from cluster.store.replicas import EngineState, ReplicaStatus, ReplicaStatusStore
 from deployments.continuation import (
     StreamRound,
     TurnContext,
@@ -54,12 +53,6 @@ _STATUS_PERIOD_S = 5.0
 _STATUS_TTL_S = 15.0
 
 
-class EngineState(enum.Enum):
-    STARTING = "starting"
-    READY = "ready"
-    FAILED = "failed"
-
-
 @dataclass(frozen=True)
 class ReplyHead:
     """First item of every chat reply: how the ingress should answer."""
@@ -68,15 +61,6 @@ class ReplyHead:
     streaming: bool
     body: dict[str, Any] | None = None
     error: ApiError | None = None
-
-
-@dataclass(frozen=True)
-class EngineStatus:
-    replica_id: str
-    role: str
-    model: str
-    state: EngineState
-    detail: str
 
 
 class ModelServer:
@@ -126,7 +110,7 @@ class ModelServer:
         self._state_changed = asyncio.Event()
         self._start_task = loop.create_task(self._start_engine())
         self._status_task = (
-            loop.create_task(self._report_status(ClusterStore(redis_url), deployment_id))
+            loop.create_task(self._report_status(ReplicaStatusStore(redis_url), deployment_id))
             if redis_url
             else None
         )
@@ -143,17 +127,10 @@ class ModelServer:
             self._detail = "engine is ready"
         self._state_changed.set()
 
-    async def _report_status(self, store: ClusterStore, deployment_id: str) -> None:
+    async def _report_status(self, store: ReplicaStatusStore, deployment_id: str) -> None:
         while True:
             self._state_changed.clear()
-            status = self.status()
-            await store.announce_replica(
-                deployment_id,
-                ReplicaStatus(
-                    status.replica_id, status.role, status.model, status.state.value, status.detail
-                ),
-                _STATUS_TTL_S,
-            )
+            await store.announce(deployment_id, self.status(), _STATUS_TTL_S)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._state_changed.wait(), _STATUS_PERIOD_S)
 
@@ -219,8 +196,8 @@ class ModelServer:
             "num_gpus": self._deployment.num_gpus,
         }
 
-    def status(self) -> EngineStatus:
-        return EngineStatus(
+    def status(self) -> ReplicaStatus:
+        return ReplicaStatus(
             replica_id=self._replica_id,
             role=self._role,
             model=self._deployment.engine.served_model_name,

@@ -13,14 +13,11 @@ import time
 from collections import Counter
 from typing import Any, NamedTuple
 
-from ray.serve._private.common import ReplicaID
-from ray.serve._private.request_router.common import PendingRequest
-from ray.serve._private.request_router.replica_wrapper import RunningReplica
-from ray.serve._private.request_router.request_router import RequestRouter
-from redis.exceptions import RedisError
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from cluster.config import RoutingConfig
-from cluster.store import ClusterStore, PinningControl
+from cluster.store._redis import UNREACHABLE
+from cluster.store.pins import ControlOperation, PinningControl, PinStore
 from router.policy import ProgramDirectory, RoutingDecision, RoutingPolicy, RoutingReason
 from router.prefix import shared_prefix_key
 
@@ -75,7 +72,7 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
         config = RoutingConfig(**kwargs)
         self._config = config
         self._redis_url: str | None = redis_url
-        self._store: ClusterStore | None = None
+        self._pins: PinStore | None = None
         self._ledger_paused_until = 0.0
         self._policy = RoutingPolicy(
             config.load_epsilon,
@@ -135,13 +132,13 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
     async def _pinned_replica(self, program_id: str) -> str | None:
         if self._redis_url is None or time.monotonic() < self._ledger_paused_until:
             return None
-        if self._store is None:
-            self._store = ClusterStore(self._redis_url)
+        if self._pins is None:
+            self._pins = PinStore(self._redis_url)
         try:
             entry = await asyncio.wait_for(
-                self._store.lookup_pin(program_id), self._config.ledger_timeout_s
+                self._pins.lookup(program_id), self._config.ledger_timeout_s
             )
-        except (RedisError, OSError, TimeoutError) as error:
+        except (*UNREACHABLE, TimeoutError) as error:
             logger.warning(
                 "ttl ledger unavailable (%s); routing without pins for %.0f s",
                 type(error).__name__,
@@ -182,11 +179,11 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
         metrics.imbalance.set(max(counts) / mean if mean else 1.0)
 
     async def _release_stale_pin(self, program_id: str, replica_id: str) -> None:
-        assert self._store is not None  # a stale pin came from the ledger
-        await self._store.drop_pin(program_id, replica_id)
+        assert self._pins is not None  # a stale pin came from the ledger
+        await self._pins.drop(program_id, replica_id)
         if replica_id in self._alive_replica_ids():
-            await self._store.send_pinning_control(
-                PinningControl("release_pin", program_id, replica_id)
+            await self._pins.send_control(
+                PinningControl(ControlOperation.RELEASE_PIN, program_id, replica_id)
             )
 
     def _alive_replica_ids(self) -> set[str]:
@@ -218,10 +215,10 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
             self._spawn(self._clear_pins(replica_id))
 
     async def _clear_pins(self, replica_id: str) -> None:
-        if self._store is None and self._redis_url is not None:
-            self._store = ClusterStore(self._redis_url)
-        if self._store is not None:
-            cleared = await self._store.clear_replica_pins(replica_id)
+        if self._pins is None and self._redis_url is not None:
+            self._pins = PinStore(self._redis_url)
+        if self._pins is not None:
+            cleared = await self._pins.clear_replica(replica_id)
             logger.info("replica %s left: dropped %d ledger entries", replica_id, cleared)
 
     def _spawn(self, coroutine: Any) -> None:

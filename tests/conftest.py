@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.redis_server import ensure_redis
+from cluster.launch.redis_server import ensure_redis
 
 MACHINE_REDIS = "redis://127.0.0.1:6379/0"
 

@@ -13,11 +13,11 @@ from enum import StrEnum
 from typing import Any
 
 from cluster.config import ToolCacheConfig
-from cluster.store import CachedToolResult, ToolCache
+from cluster.store.tool_cache import CachedToolResult, ToolCache
+from cluster.store.tool_state import ToolStateStore, ToolStateUnavailable
 from toolworkers.cache_keys import ArgumentsError, CacheScope, ToolCallKey, normalized_arguments
 from toolworkers.registry import HostedTool, ToolRegistry
 from toolworkers.sandbox import SandboxCall, ToolResult
-from toolworkers.tool_state import ToolStateStore, ToolStateUnavailable
 
 RunCall = Callable[[SandboxCall], Awaitable[ToolResult]]
 

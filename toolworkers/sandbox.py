@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.config import SandboxLimits
-from toolworkers.tool_state import SlotContents
+from cluster.store.tool_state import SlotContents
 
 logger = logging.getLogger("toolserve.toolworkers")
 

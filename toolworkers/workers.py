@@ -8,11 +8,11 @@ import logging
 from typing import TYPE_CHECKING
 
 from cluster.config import SandboxLimits, ToolsConfig
-from cluster.store import RedisToolStateStore, ToolCache
+from cluster.store.tool_cache import ToolCache
+from cluster.store.tool_state import LocalToolStateStore, RedisToolStateStore, ToolStateStore
 from toolworkers.execution import RunCall, ToolExecutor
 from toolworkers.registry import ToolRegistry
 from toolworkers.sandbox import SandboxCall, ToolResult, run_sandboxed
-from toolworkers.tool_state import LocalToolStateStore, ToolStateStore
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle

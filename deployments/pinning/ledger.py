@@ -8,7 +8,7 @@ import logging
 import queue
 import threading
 
-from cluster.store import LedgerEntry, TtlLedger
+from cluster.store.pins import LedgerEntry, TtlLedger
 from deployments.pinning.controller import LedgerChange
 
 logger = logging.getLogger("toolserve.pinning.ledger")

@@ -4,9 +4,25 @@ the pinning scheduler inside the EngineCore process through vLLM's utility calls
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
 UTILITY_METHOD = "toolserve_pinning_control"
+
+
+class EngineOperation(StrEnum):
+    """What a replica asks of its engine's pinning scheduler; arguments in order."""
+
+    TURN_ENDED = "turn_ended"
+    """program id, name of the tool the turn called (or None)"""
+    END_PROGRAM = "end_program"
+    """program id"""
+    RELEASE_PIN = "release_pin"
+    """program id (the router moved the program to another replica)"""
+    SET_PREFILL_PROFILE = "set_prefill_profile"
+    """the fitted profile's a, b, c"""
+    STATS = "stats"
+    """none; returns the scheduler's stats since the last call"""
 
 
 def _pinning_control(engine_core: Any, operation: str, arguments: list[Any]) -> Any:

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cluster.store import ClusterStore
-from deployments.pinning.plugin import UTILITY_METHOD
+from cluster.store.pins import PinStore
+from deployments.pinning.plugin import UTILITY_METHOD, EngineOperation
 from deployments.pinning.ttl_policy import PrefillProfile
 
 if TYPE_CHECKING:
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("toolserve.pinning.replica")
 
 _STATS_PERIOD_S = 5.0
-CONTROL_OPERATIONS = ("end_program", "release_pin")
 _TTL_BOUNDARIES = [0.25, 0.5, 1, 2, 4, 8, 15, 30, 60]
 _SHARE_BOUNDARIES = [0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0]
 _TOOL_DURATION_BOUNDARIES = [0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120]
@@ -91,20 +90,20 @@ class EnginePinning:
         self._background: set[asyncio.Task[Any]] = set()
         self._metrics: _PinningMetrics | None = None
 
-    async def _control(self, operation: str, *arguments: Any) -> Any:
+    async def _control(self, operation: EngineOperation, *arguments: Any) -> Any:
         return await self._engine.engine_core.call_utility_async(
             UTILITY_METHOD, operation, list(arguments)
         )
 
     def turn_ended(self, program_id: str, tool: str | None) -> None:
         """Fire and forget: a reply never waits for the engine's bookkeeping."""
-        self._spawn(self._control("turn_ended", program_id, tool))
+        self._spawn(self._control(EngineOperation.TURN_ENDED, program_id, tool))
 
     async def end_program(self, program_id: str) -> None:
-        await self._control("end_program", program_id)
+        await self._control(EngineOperation.END_PROGRAM, program_id)
 
     async def stats(self) -> dict[str, Any]:
-        stats: dict[str, Any] = await self._control("stats")
+        stats: dict[str, Any] = await self._control(EngineOperation.STATS)
         return stats
 
     async def start(self, cache_dir: Path, fingerprint: dict[str, Any]) -> None:
@@ -123,7 +122,7 @@ class EnginePinning:
                 return
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(vars(profile)))
-        await self._control("set_prefill_profile", profile.a, profile.b, profile.c)
+        await self._control(EngineOperation.SET_PREFILL_PROFILE, profile.a, profile.b, profile.c)
         logger.info("prefill profile: %s", profile)
 
     async def _measure_prefill_profile(self) -> PrefillProfile | None:
@@ -161,16 +160,13 @@ class EnginePinning:
     async def _follow_control_channel(self, redis_url: str) -> None:
         """Ends programs the client closed and releases pins of programs the router
         moved, whichever replica the request reached."""
-        store = ClusterStore(redis_url)
+        store = PinStore(redis_url)
         try:
-            async for message in store.pinning_control_messages():
+            async for message in store.control_messages():
                 if message.replica_id not in (None, self._replica_id):
                     continue
-                if message.operation not in CONTROL_OPERATIONS:
-                    logger.warning("ignoring pinning control %r", message.operation)
-                    continue
                 try:
-                    await self._control(message.operation, message.program_id)
+                    await self._control(EngineOperation(message.operation), message.program_id)
                 except Exception as error:  # the engine may be restarting
                     logger.warning("pinning control %s failed: %s", message, error)
         finally:

@@ -19,6 +19,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from deployments.pinning.controller import Pin, PinningController
 from deployments.pinning.ledger import LedgerPublisher
+from deployments.pinning.plugin import EngineOperation
 from deployments.pinning.settings import LAST_STEP_ARG, EnginePinningSettings
 from deployments.pinning.ttl_policy import PrefillProfile, TtlCostModel, displaced_share
 
@@ -145,25 +146,24 @@ class PinningSchedulerMixin:
     def pinning_control(self, operation: str, arguments: list[Any]) -> Any:
         """Calls from the replica (through EngineCore, see plugin.py)."""
         now = time.time()
-        if operation == "turn_ended":
-            program_id, tool = arguments
-            holding_cost = self._holding_cost(program_id)
-            self._release(self._pinning.on_turn_ended(program_id, tool, now, holding_cost))
-        elif operation == "end_program":
-            (program_id,) = arguments
-            self._release(self._pinning.end_program(program_id))
-        elif operation == "release_pin":
-            (program_id,) = arguments
-            self._release(self._pinning.release_moved(program_id))
-        elif operation == "set_prefill_profile":
-            self._pinning.cost_model.prefill_profile = PrefillProfile(*arguments)
-        elif operation == "stats":
-            stats = self._pinning.take_stats().as_dict()
-            stats["free_blocks"] = self._block_pool.get_num_free_blocks()
-            stats["total_blocks"] = self._block_pool.num_gpu_blocks
-            return stats
-        else:
-            raise ValueError(f"unknown pinning operation {operation!r}")
+        match EngineOperation(operation):
+            case EngineOperation.TURN_ENDED:
+                program_id, tool = arguments
+                holding_cost = self._holding_cost(program_id)
+                self._release(self._pinning.on_turn_ended(program_id, tool, now, holding_cost))
+            case EngineOperation.END_PROGRAM:
+                (program_id,) = arguments
+                self._release(self._pinning.end_program(program_id))
+            case EngineOperation.RELEASE_PIN:
+                (program_id,) = arguments
+                self._release(self._pinning.release_moved(program_id))
+            case EngineOperation.SET_PREFILL_PROFILE:
+                self._pinning.cost_model.prefill_profile = PrefillProfile(*arguments)
+            case EngineOperation.STATS:
+                stats = self._pinning.take_stats().as_dict()
+                stats["free_blocks"] = self._block_pool.get_num_free_blocks()
+                stats["total_blocks"] = self._block_pool.num_gpu_blocks
+                return stats
         self._publish()
         return None
 

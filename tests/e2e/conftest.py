@@ -11,7 +11,7 @@ import pytest
 from openai import OpenAI
 
 from cluster.config import HostedToolConfig, ToolserveConfig, load_config
-from cluster.launcher import Endpoints, LocalCluster
+from cluster.launch.launcher import Endpoints, LocalCluster
 from cluster.net import free_port
 
 DATA_FILES = {

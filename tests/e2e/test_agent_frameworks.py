@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from cluster.launcher import Endpoints
+from cluster.launch.launcher import Endpoints
 
 pytestmark = pytest.mark.e2e
 

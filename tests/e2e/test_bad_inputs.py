@@ -9,7 +9,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from cluster.launcher import Endpoints
+from cluster.launch.launcher import Endpoints
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("healthy_after")]
 

@@ -19,7 +19,7 @@ from cluster.config import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
 QUICK_SYSTEMS = default_systems("quick")
-SERVER_PROCESSES = ("vllm.entrypoints", "bench.baselines.ray_serve_llm", "cluster.cli up")
+SERVER_PROCESSES = ("vllm.entrypoints", "bench.baselines.ray_serve_llm", "cluster.launch.cli up")
 
 
 def _server_processes() -> list[str]:
@@ -32,7 +32,7 @@ def _server_processes() -> list[str]:
 def test_quick_benchmark_on_the_tiny_model(tmp_path: Path) -> None:
     before = _server_processes()
     command = [
-        sys.executable, "-m", "cluster.cli", "bench", "--quick",
+        sys.executable, "-m", "cluster.launch.cli", "bench", "--quick",
         "--model", "embedded:tiny-random-llama",
         "--output", str(tmp_path), "--name", "smoke", "--no-progress",
         "--repeats", "2", "--order-seed", "3",

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from cluster.launcher import Endpoints
+from cluster.launch.launcher import Endpoints
 
 pytestmark = pytest.mark.e2e
 

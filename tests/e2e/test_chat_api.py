@@ -13,8 +13,8 @@ import pytest
 from openai import OpenAI
 
 from cluster.config import ToolserveConfig
-from cluster.launcher import Endpoints
-from cluster.store import TtlLedger
+from cluster.launch.launcher import Endpoints
+from cluster.store.pins import TtlLedger
 
 pytestmark = pytest.mark.e2e
 

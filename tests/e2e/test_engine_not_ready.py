@@ -10,7 +10,7 @@ import pytest
 from ray import serve
 
 from cluster.config import ToolserveConfig
-from cluster.launcher import Endpoints
+from cluster.launch.launcher import Endpoints
 from deployments.app import build_application
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("healthy_after")]

@@ -12,8 +12,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from cluster.launcher import Endpoints
-from cluster.store import LedgerEntry, TtlLedger
+from cluster.launch.launcher import Endpoints
+from cluster.store.pins import LedgerEntry, TtlLedger
 
 pytestmark = pytest.mark.e2e
 

@@ -15,9 +15,9 @@ import redis
 from openai import OpenAI
 
 from cluster.config import ToolserveConfig, load_config
-from cluster.launcher import Endpoints, LocalCluster
+from cluster.launch.launcher import Endpoints, LocalCluster
 from cluster.net import free_port
-from cluster.store import TtlLedger
+from cluster.store.pins import TtlLedger
 from deployments.app import MAIN_DEPLOYMENT
 from deployments.ingress import REPLICA_HEADER, SESSION_HEADER
 

@@ -17,7 +17,7 @@ from openai import AsyncOpenAI, OpenAI
 
 from bench.tools import record_text
 from cluster.config import ToolserveConfig
-from cluster.launcher import Endpoints
+from cluster.launch.launcher import Endpoints
 from toolworkers.client import SpeculativeToolClient, SpeculativeTurn
 
 pytestmark = pytest.mark.e2e

@@ -13,8 +13,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from cluster.demo import run_demo
-from cluster.launcher import Endpoints
+from cluster.launch.demo import run_demo
+from cluster.launch.launcher import Endpoints
 from toolworkers.builtin_tools import calculate
 
 pytestmark = pytest.mark.e2e

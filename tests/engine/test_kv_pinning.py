@@ -16,7 +16,7 @@ import pytest
 
 from cluster.config import EngineConfig
 from cluster.models import EMBEDDED_SCHEME, TINY_RANDOM_LLAMA, resolve_model
-from cluster.store import TtlLedger
+from cluster.store.pins import TtlLedger
 from deployments.pinning.plugin import UTILITY_METHOD
 from deployments.pinning.settings import LAST_STEP_ARG, EnginePinningSettings, create_engine_config
 

@@ -12,12 +12,11 @@ import pytest
 
 from bench.workloads.bfcl import tool_schemas
 from cluster.config import HostedToolConfig, SandboxLimits, ToolsConfig
-from cluster.store import RedisToolStateStore
+from cluster.store.tool_state import LocalToolStateStore, RedisToolStateStore, ToolStateStore
 from toolworkers.bfcl_tools import BACKEND_CLASSES, to_json_schema
 from toolworkers.execution import ToolExecutor
 from toolworkers.registry import RegistryError, ToolRegistry, hosted_tool
 from toolworkers.sandbox import SandboxCall, ToolResult, run_sandboxed
-from toolworkers.tool_state import LocalToolStateStore, ToolStateStore
 
 LIMITS = SandboxLimits(memory_mb=1024, cpu_s=10)
 FILE_SYSTEM_SCENARIO = {

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.redis_server import ensure_redis, is_reachable
+from cluster.launch.redis_server import ensure_redis, is_reachable
 
 MACHINE_REDIS = "redis://127.0.0.1:6379/0"
 UNREACHABLE = "redis://127.0.0.1:1/0"

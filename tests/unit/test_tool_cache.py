@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from cluster.config import HostedToolConfig, SandboxLimits, ToolCacheConfig, ToolsConfig
-from cluster.store import CachedToolResult, ToolCache
+from cluster.store.tool_cache import CachedToolResult, ToolCache
+from cluster.store.tool_state import LocalToolStateStore
 from toolworkers.execution import ResultSource, ToolExecutor, ToolOutcome
 from toolworkers.registry import ToolRegistry
 from toolworkers.sandbox import SandboxCall, ToolResult, run_sandboxed
-from toolworkers.tool_state import LocalToolStateStore
 
 
 @pytest.fixture()

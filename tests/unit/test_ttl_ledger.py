@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 
@@ -10,7 +11,14 @@ import pytest
 import redis
 from redis.exceptions import RedisError
 
-from cluster.store import ClusterStore, LedgerEntry, PinningControl, TtlLedger
+from cluster.store.pins import (
+    CONTROL_CHANNEL,
+    ControlOperation,
+    LedgerEntry,
+    PinningControl,
+    PinStore,
+    TtlLedger,
+)
 
 
 def entry(program_id: str, replica_id: str, ttl_s: float = 30.0) -> LedgerEntry:
@@ -79,42 +87,46 @@ def test_the_async_store_reads_drops_and_clears_what_engines_publish(redis_url: 
     ledger.put(entry(dropped, replica))
 
     async def scenario() -> None:
-        store = ClusterStore(redis_url)
-        assert await store.lookup_pin(kept) == ledger.lookup(kept)
-        await store.drop_pin(dropped, "another-replica")  # not the owner: stays
-        assert await store.lookup_pin(dropped) is not None
-        await store.drop_pin(dropped, replica)
-        assert await store.lookup_pin(dropped) is None
-        assert await store.clear_replica_pins(replica) == 1
-        assert await store.lookup_pin(kept) is None
+        store = PinStore(redis_url)
+        assert await store.lookup(kept) == ledger.lookup(kept)
+        await store.drop(dropped, "another-replica")  # not the owner: stays
+        assert await store.lookup(dropped) is not None
+        await store.drop(dropped, replica)
+        assert await store.lookup(dropped) is None
+        assert await store.clear_replica(replica) == 1
+        assert await store.lookup(kept) is None
         await store.close()
 
     asyncio.run(scenario())
     ledger.close()
 
 
-def test_pinning_control_reaches_every_subscriber(redis_url: str) -> None:
+def test_pinning_control_reaches_every_subscriber_and_skips_unknown_operations(
+    redis_url: str,
+) -> None:
     program = f"program-{uuid.uuid4().hex}"
     sent = [
-        PinningControl("release_pin", program, "replica-a"),
-        PinningControl("end_program", program),
+        PinningControl(ControlOperation.RELEASE_PIN, program, "replica-a"),
+        PinningControl(ControlOperation.END_PROGRAM, program),
     ]
 
     async def scenario() -> list[PinningControl]:
-        listener, sender = ClusterStore(redis_url), ClusterStore(redis_url)
+        listener, sender = PinStore(redis_url), PinStore(redis_url)
         received: list[PinningControl] = []
 
         async def listen() -> None:
-            async for message in listener.pinning_control_messages():
+            async for message in listener.control_messages():
                 if message.program_id == program:
                     received.append(message)
                     if len(received) == len(sent):
                         return
 
         listening = asyncio.create_task(listen())
-        while await sender.send_pinning_control(sent[0]) == 0:  # until subscribed
+        while await sender.send_control(sent[0]) == 0:  # until subscribed
             await asyncio.sleep(0.05)
-        await sender.send_pinning_control(sent[1])
+        unknown = {"operation": "drop_everything", "program_id": program}
+        redis.Redis.from_url(redis_url).publish(CONTROL_CHANNEL, json.dumps(unknown))
+        await sender.send_control(sent[1])
         await asyncio.wait_for(listening, timeout=10)
         await listener.close()
         await sender.close()
@@ -126,12 +138,12 @@ def test_pinning_control_reaches_every_subscriber(redis_url: str) -> None:
 
 def test_the_async_store_without_redis() -> None:
     async def scenario() -> None:
-        store = ClusterStore("redis://127.0.0.1:1/0")
+        store = PinStore("redis://127.0.0.1:1/0")
         with pytest.raises((RedisError, OSError)):
-            await store.lookup_pin("p")
-        await store.drop_pin("p", "r")
-        assert await store.clear_replica_pins("r") == 0
-        assert await store.send_pinning_control(PinningControl("end_program", "p")) == 0
+            await store.lookup("p")
+        await store.drop("p", "r")
+        assert await store.clear_replica("r") == 0
+        assert await store.send_control(PinningControl(ControlOperation.END_PROGRAM, "p")) == 0
         await store.close()
 
     asyncio.run(scenario())

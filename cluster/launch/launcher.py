@@ -11,8 +11,8 @@ from types import TracebackType
 import httpx
 
 from cluster.config import ToolserveConfig
+from cluster.launch.redis_server import RedisServer, ensure_redis
 from cluster.models import resolve_model
-from cluster.redis_server import RedisServer, ensure_redis
 from cluster.signals import stop_on_signals
 
 Log = Callable[[str], None]

@@ -18,7 +18,7 @@ def _log(message: str) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from cluster.launcher import ClusterStartError, LocalCluster
+    from cluster.launch.launcher import ClusterStartError, LocalCluster
 
     config = load_config(args.config)
     if args.port is not None:
@@ -34,7 +34,7 @@ def _up(args: argparse.Namespace) -> int:
             _log(f"metrics:     {endpoints.metrics_url}")
             _log(f"redis:       {endpoints.redis_url}")
             if args.demo:
-                from cluster.demo import run_demo
+                from cluster.launch.demo import run_demo
 
                 run_demo(endpoints.api_base, config.main.engine.served_model_name, _log)
             if args.exit:
