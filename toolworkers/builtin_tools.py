@@ -1,28 +1,15 @@
-"""Real tool functions with OpenAI tool schemas: a calculator and file tools
-confined to one workspace directory."""
+"""Real tool functions: a calculator and file tools confined to one workspace
+directory; and how a tool is written as an OpenAI `tools` entry."""
 
 from __future__ import annotations
 
 import ast
-import json
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 _MAX_OUTPUT_CHARS = 4000
-
-
-@dataclass(frozen=True)
-class Tool:
-    name: str
-    description: str
-    parameters: dict[str, Any]
-    function: Callable[..., str]
-
-    def schema(self) -> dict[str, Any]:
-        return openai_function_schema(self.name, self.description, self.parameters)
 
 
 def openai_function_schema(
@@ -128,50 +115,3 @@ class Workspace:
                 if needle in line.lower():
                     hits.append(f"{path.relative_to(self.root)}:{number}: {line}")
         return "\n".join(hits)[:_MAX_OUTPUT_CHARS] or f"no line contains {text!r}"
-
-    def tools(self) -> list[Tool]:
-        return [
-            Tool(
-                "list_files",
-                "List the files in a directory of the workspace.",
-                string_parameter("directory", "Directory relative to the workspace, e.g. '.'"),
-                self.list_files,
-            ),
-            Tool(
-                "read_file",
-                "Read a text file of the workspace.",
-                string_parameter("path", "File path relative to the workspace"),
-                self.read_file,
-            ),
-            Tool(
-                "search_files",
-                "Find the lines of workspace files that contain a text.",
-                string_parameter("text", "Text to look for (case-insensitive)"),
-                self.search_files,
-            ),
-            Tool(
-                "calculator",
-                "Evaluate an arithmetic expression such as '(12.5 + 7) * 3'.",
-                string_parameter("expression", "The arithmetic expression"),
-                calculate,
-            ),
-        ]
-
-
-def run_tool_call(tools: list[Tool], name: str, arguments_json: str) -> str:
-    """Execute one model tool call; failures come back as text for the model."""
-    by_name = {tool.name: tool for tool in tools}
-    if name not in by_name:
-        return f"error: unknown tool {name!r}; tools: {', '.join(by_name)}"
-    try:
-        arguments = json.loads(arguments_json or "{}")
-    except json.JSONDecodeError as error:
-        return f"error: arguments are not valid JSON: {error}"
-    if not isinstance(arguments, dict):
-        return "error: arguments must be a JSON object"
-    try:
-        return by_name[name].function(**arguments)
-    except ToolError as error:
-        return f"error: {error}"
-    except TypeError as error:
-        return f"error: bad arguments for {name}: {error}"

@@ -28,8 +28,9 @@ from typing import Any
 
 import httpx
 
+from cluster.config import SpeculationConfig
 from toolworkers.cache_keys import ArgumentsError, normalized_arguments
-from toolworkers.speculation import call_identity, draft_predictions
+from toolworkers.speculation import call_identity, draft_predictions, draft_request
 
 ToolFunction = Callable[..., Any]
 
@@ -122,20 +123,18 @@ class SpeculativeToolClient:
     async def _speculate(
         self, request: dict[str, Any], response_id: str, running: dict[str, asyncio.Task[str]]
     ) -> None:
-        if self.draft_model is None or not self._speculable or not request.get("tools"):
+        if self.draft_model is None or not self._speculable:
             return
-        tool_choice = request.get("tool_choice")
-        if tool_choice == "none":
+        sampling = SpeculationConfig(
+            draft_predictions=self.draft_samples,
+            draft_temperature=self.draft_temperature,
+            draft_max_tokens=self.draft_max_tokens,
+        )
+        draft_body = draft_request(request, self.draft_model, sampling)
+        if draft_body is None:
             return
         draft = await self.client.chat.completions.create(
-            model=self.draft_model,
-            messages=request["messages"],
-            tools=request["tools"],
-            tool_choice=tool_choice if isinstance(tool_choice, dict) else "required",
-            n=self.draft_samples,
-            temperature=self.draft_temperature if self.draft_samples > 1 else 0.0,
-            max_tokens=self.draft_max_tokens,
-            extra_headers=request.get("extra_headers"),
+            **draft_body, extra_headers=request.get("extra_headers")
         )
         for prediction in draft_predictions(draft.model_dump()):
             identity = call_identity(prediction.name, prediction.arguments)

@@ -12,7 +12,7 @@ from bench.workloads.codegen import CodegenConfig, generate_codegen
 from bench.workloads.distributions import Distribution
 from bench.workloads.program import AgentProgram
 from bench.workloads.speculation import (
-    SpeculationConfig,
+    RecordsTaskConfig,
     generate_speculation,
     hosted_records_tools,
 )
@@ -156,9 +156,9 @@ def _codegen(size: Size) -> WorkloadPlan:
 
 def _speculation(size: Size) -> WorkloadPlan:
     config = (
-        SpeculationConfig(latencies_s=(0.1, 1.0), programs_per_latency=3, arrival_gap_s=6.0)
+        RecordsTaskConfig(latencies_s=(0.1, 1.0), programs_per_latency=3, arrival_gap_s=6.0)
         if size == "quick"
-        else SpeculationConfig()
+        else RecordsTaskConfig()
     )
     programs = config.programs_per_latency * len(config.latencies_s)
     return WorkloadPlan(

@@ -78,7 +78,9 @@ def records_tool_schema(latency_s: float) -> dict[str, Any]:
     return schema
 
 
-class SpeculationConfig(BaseModel):
+class RecordsTaskConfig(BaseModel):
+    """Shape of the speculation workload's records tasks."""
+
     latencies_s: tuple[float, ...] = Field(
         default=(0.1, 0.5, 1.0, 3.0), description="Records-service latency per agent kind."
     )
@@ -170,7 +172,7 @@ class RecordsProgram(AgentProgram):
         return 0.0  # `execute` takes the service's latency itself
 
 
-def generate_speculation(config: SpeculationConfig, seed: int) -> list[RecordsProgram]:
+def generate_speculation(config: RecordsTaskConfig, seed: int) -> list[RecordsProgram]:
     rng = random.Random(seed)
     programs = []
     for index in range(config.programs_per_latency * len(config.latencies_s)):

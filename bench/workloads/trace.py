@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bench.workloads.coding_tools import EDIT_FILE, READ_FILE, RUN_TESTS, SEARCH_CODE
 from bench.workloads.distributions import Distribution, poisson_arrivals
 from bench.workloads.program import (
     AgentProgram,
@@ -81,48 +82,7 @@ class TraceConfig(BaseModel):
     answer_max_tokens: int = Field(default=48, gt=0, description="Token cap of the final turn.")
 
 
-SWE_TOOLS = [
-    openai_function_schema(
-        "read_file",
-        "Read a file of the repository.",
-        {
-            "type": "object",
-            "properties": {"path": {"type": "string", "description": "File path."}},
-            "required": ["path"],
-        },
-    ),
-    openai_function_schema(
-        "search_code",
-        "Search the repository for a symbol or text.",
-        {
-            "type": "object",
-            "properties": {"query": {"type": "string", "description": "What to look for."}},
-            "required": ["query"],
-        },
-    ),
-    openai_function_schema(
-        "run_tests",
-        "Run the test suite, or one test file.",
-        {
-            "type": "object",
-            "properties": {"target": {"type": "string", "description": "Test file or 'all'."}},
-            "required": ["target"],
-        },
-    ),
-    openai_function_schema(
-        "edit_file",
-        "Replace a line of a file.",
-        {
-            "type": "object",
-            "properties": {
-                "path": {"type": "string"},
-                "line": {"type": "integer"},
-                "text": {"type": "string"},
-            },
-            "required": ["path", "line", "text"],
-        },
-    ),
-]
+SWE_TOOLS = [READ_FILE, SEARCH_CODE, RUN_TESTS, EDIT_FILE]
 ASSISTANT_TOOLS = [
     openai_function_schema(
         "search_flights",

@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bench.workloads.coding_tools import EDIT_FILE, LIST_FILES, READ_FILE, RUN_TESTS
 from bench.workloads.distributions import Distribution, poisson_arrivals
 from bench.workloads.program import (
     AgentProgram,
@@ -30,7 +31,6 @@ from bench.workloads.program import (
     checked_call,
     named_tool,
 )
-from toolworkers.builtin_tools import openai_function_schema
 
 FINAL_ANSWER = "final_answer"
 BUG_FIX_STEPS = ("list_files", "read_test", "read_source", "run_tests", "edit_file", FINAL_ANSWER)
@@ -45,44 +45,7 @@ _STEP_TOOL = {
     "edit_file": "edit_file",
 }
 
-WORKFLOW_TOOLS = [
-    openai_function_schema(
-        "list_files",
-        "List the files of the repository.",
-        {"type": "object", "properties": {"directory": {"type": "string"}}},
-    ),
-    openai_function_schema(
-        "read_file",
-        "Show a file with line numbers.",
-        {
-            "type": "object",
-            "properties": {"path": {"type": "string"}},
-            "required": ["path"],
-        },
-    ),
-    openai_function_schema(
-        "edit_file",
-        "Replace one line of a file.",
-        {
-            "type": "object",
-            "properties": {
-                "path": {"type": "string"},
-                "line": {"type": "integer"},
-                "text": {"type": "string"},
-            },
-            "required": ["path", "line", "text"],
-        },
-    ),
-    openai_function_schema(
-        "run_tests",
-        "Run the tests and show the result.",
-        {
-            "type": "object",
-            "properties": {"target": {"type": "string"}},
-            "required": ["target"],
-        },
-    ),
-]
+WORKFLOW_TOOLS = [LIST_FILES, READ_FILE, EDIT_FILE, RUN_TESTS]
 SYSTEM_PROMPT = (
     "You are a coding agent in a small Python repository. Work step by step with the "
     "tools: read code, edit it, run the tests. When asked for the summary, answer in "

@@ -3,10 +3,11 @@ executing real tool functions on a small workspace."""
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,8 @@ from typing import Any
 import httpx
 from openai import OpenAI
 
-from toolworkers.builtin_tools import Workspace, run_tool_call
+from toolworkers.builtin_tools import ToolError, Workspace, calculate, string_parameter
+from toolworkers.registry import ToolSpec
 
 WORKSPACE_FILES = {
     "orders.csv": "order,amount_eur\nA-100,12.50\nA-101,7.25\nA-102,30.00\n",
@@ -36,6 +38,70 @@ TASK = (
     "What is the total amount of all orders in the workspace? Look at the files, "
     "add the amounts with the calculator, then answer in one sentence."
 )
+
+
+ToolFunction = Callable[..., str]
+
+
+def workspace_tools(workspace: Workspace) -> list[tuple[ToolSpec, ToolFunction]]:
+    """The demo's own tools: hosted tools' names with the demo's schemas, so the
+    server leaves them to the demo (except `SERVER_TOOLS`, sent with the server's)."""
+    return [
+        (
+            ToolSpec(
+                "list_files",
+                "List the files in a directory of the workspace.",
+                string_parameter("directory", "Directory relative to the workspace, e.g. '.'"),
+                side_effect_free=True,
+            ),
+            workspace.list_files,
+        ),
+        (
+            ToolSpec(
+                "read_file",
+                "Read a text file of the workspace.",
+                string_parameter("path", "File path relative to the workspace"),
+                side_effect_free=True,
+            ),
+            workspace.read_file,
+        ),
+        (
+            ToolSpec(
+                "search_files",
+                "Find the lines of workspace files that contain a text.",
+                string_parameter("text", "Text to look for (case-insensitive)"),
+                side_effect_free=True,
+            ),
+            workspace.search_files,
+        ),
+        (
+            ToolSpec(
+                "calculator",
+                "Evaluate an arithmetic expression such as '(12.5 + 7) * 3'.",
+                string_parameter("expression", "The arithmetic expression"),
+                side_effect_free=True,
+            ),
+            calculate,
+        ),
+    ]
+
+
+def run_tool_call(functions: Mapping[str, ToolFunction], name: str, arguments_json: str) -> str:
+    """Execute one model tool call; failures come back as text for the model."""
+    if name not in functions:
+        return f"error: unknown tool {name!r}; tools: {', '.join(functions)}"
+    try:
+        arguments = json.loads(arguments_json or "{}")
+    except json.JSONDecodeError as error:
+        return f"error: arguments are not valid JSON: {error}"
+    if not isinstance(arguments, dict):
+        return "error: arguments must be a JSON object"
+    try:
+        return functions[name](**arguments)
+    except ToolError as error:
+        return f"error: {error}"
+    except TypeError as error:
+        return f"error: bad arguments for {name}: {error}"
 
 
 @dataclass
@@ -76,13 +142,14 @@ def run_demo(api_base: str, model: str, log: Callable[[str], None] = print) -> l
     with tempfile.TemporaryDirectory(prefix="toolserve-demo-") as root:
         for name, text in WORKSPACE_FILES.items():
             (Path(root) / name).write_text(text)
-        tools = Workspace(Path(root)).tools()
+        tools = workspace_tools(Workspace(Path(root)))
+        functions = {spec.name: function for spec, function in tools}
         server_tools = _server_tools(api_base)
         tool_schemas: list[Any] = [
-            server_tools.get(tool.name, tool.schema())
-            if tool.name in SERVER_TOOLS
-            else tool.schema()
-            for tool in tools
+            server_tools.get(spec.name, spec.openai_schema())
+            if spec.name in SERVER_TOOLS
+            else spec.openai_schema()
+            for spec, _ in tools
         ]
         messages: list[Any] = [
             {"role": "system", "content": "You are a careful assistant that uses tools."},
@@ -118,7 +185,7 @@ def run_demo(api_base: str, model: str, log: Callable[[str], None] = print) -> l
                 function = getattr(call, "function", None)
                 if function is None:
                     continue
-                result = run_tool_call(tools, function.name, function.arguments)
+                result = run_tool_call(functions, function.name, function.arguments)
                 record.tool_calls.append((function.name, function.arguments, result))
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
             if not record.tool_calls:

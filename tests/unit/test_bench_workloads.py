@@ -28,7 +28,7 @@ from bench.workloads.bfcl import (
 from bench.workloads.codegen import CodegenConfig, generate_codegen, run_python
 from bench.workloads.distributions import Distribution, poisson_arrivals
 from bench.workloads.program import Reply, ToolCall, ToolOutcome
-from bench.workloads.speculation import RecordsProgram, SpeculationConfig, generate_speculation
+from bench.workloads.speculation import RecordsProgram, RecordsTaskConfig, generate_speculation
 from bench.workloads.trace import (
     BFCL_V4_PROFILE,
     SWE_BENCH_PROFILE,
@@ -375,7 +375,7 @@ def test_every_conversation_fits_the_planned_context(
 
 
 def _records_program(latency_s: float = 0.01) -> RecordsProgram:
-    config = SpeculationConfig(latencies_s=(latency_s,), programs_per_latency=1)
+    config = RecordsTaskConfig(latencies_s=(latency_s,), programs_per_latency=1)
     (program,) = generate_speculation(config, 3)
     return program
 

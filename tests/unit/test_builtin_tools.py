@@ -1,11 +1,10 @@
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from toolworkers.builtin_tools import ToolError, Workspace, calculate, run_tool_call
+from toolworkers.builtin_tools import ToolError, Workspace, calculate
 
 
 @pytest.mark.parametrize(
@@ -45,23 +44,3 @@ def test_files_are_listed_and_read(workspace: Workspace) -> None:
 def test_paths_cannot_leave_the_workspace(workspace: Workspace, path: str) -> None:
     with pytest.raises(ToolError, match="outside the workspace"):
         workspace.read_file(path)
-
-
-def test_tool_calls_report_failures_as_text(workspace: Workspace) -> None:
-    tools = workspace.tools()
-    assert run_tool_call(tools, "calculator", json.dumps({"expression": "2+2"})) == "4"
-    assert run_tool_call(tools, "nope", "{}").startswith("error: unknown tool")
-    assert run_tool_call(tools, "read_file", "{bad").startswith(
-        "error: arguments are not valid JSON"
-    )
-    assert run_tool_call(tools, "read_file", "[]").startswith("error: arguments must be")
-    assert run_tool_call(tools, "read_file", '{"wrong": 1}').startswith("error: bad arguments")
-    assert "no file" in run_tool_call(tools, "read_file", '{"path": "missing.txt"}')
-
-
-def test_schemas_are_openai_function_tools(workspace: Workspace) -> None:
-    for tool in workspace.tools():
-        schema = tool.schema()
-        assert schema["type"] == "function"
-        assert schema["function"]["name"] == tool.name
-        assert schema["function"]["parameters"]["type"] == "object"
