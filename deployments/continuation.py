@@ -1,8 +1,9 @@
-"""Engine-side continuation, the parts that do not touch the engine: when a round
-of the model's reply ends in tool calls the server can answer (hosted tools, or
-client tools whose results the client posted), the server appends the calls and
-their results to the conversation and runs the next round on the same replica,
-whose prefix cache (and pin) still holds the conversation's KV.
+"""Engine-side continuation: when a round of the model's reply ends in tool calls
+the server can answer (hosted tools, or client tools whose results the client
+posted), the server appends the calls and their results to the conversation and
+runs the next round on the same replica, whose prefix cache (and pin) still holds
+the conversation's KV. `Continuation` runs a turn's rounds; the engine is reached
+only through the request function the replica gives it.
 
 What the client receives, documented in the README:
 - non-streaming: the last round's reply, with `usage` summed over the rounds and
@@ -15,12 +16,22 @@ What the client receives, documented in the README:
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from cluster.config import ContinuationConfig
+from deployments.errors import ApiError
 from toolworkers.chat_stream import ModelToolCall, ToolCallDeltas, sse_payloads
+
+if TYPE_CHECKING:
+    from toolworkers.execution import ToolExecutor
+
+logger = logging.getLogger("toolserve.continuation")
 
 EXTENSION_FIELD = "toolserve"
 # Constraints on the call-making step (vLLM implements a required or named
@@ -232,3 +243,144 @@ class StreamRound:
             chunks.append(_sse(dict(self._template or {}) | {"choices": [], "usage": total_usage}))
         chunks.append(_DONE)
         return chunks
+
+
+CreateCompletion = Callable[[dict[str, Any]], Awaitable[Any]]
+"""One request to the engine through vLLM's chat front end: a reply (a pydantic
+model), an async iterator of SSE chunks, or an `ApiError`."""
+
+
+class Continuation:
+    """One turn's rounds after the first: while a round ends in calls the server
+    can answer, answer them and run the next round, up to `max_rounds`.
+    `turn_ended` hears the tool each round called (None: the turn is not tracked)."""
+
+    def __init__(
+        self,
+        body: dict[str, Any],
+        turn: TurnContext,
+        tools: ToolExecutor,
+        config: ContinuationConfig,
+        create: CreateCompletion,
+        turn_ended: Callable[[str | None], None] | None,
+    ):
+        self._body = body
+        self._turn = turn
+        self._tools = tools
+        self._config = config
+        self._create = create
+        self._turn_ended = turn_ended
+
+    async def reply(self, reply: dict[str, Any]) -> dict[str, Any]:
+        """The non-streamed reply once no round is left to run, given the first."""
+        response_id = reply["id"]
+        usage = reply.get("usage")
+        executed: list[dict[str, Any]] = []
+        for round_index in range(1, self._config.max_rounds + 1):
+            choice = reply["choices"][0]
+            calls = reply_tool_calls(choice["message"])
+            if not calls or not calls_complete(choice.get("finish_reason")):
+                break
+            outputs = await self._answer_calls(calls)
+            if outputs is None:
+                break
+            messages = round_messages(choice["message"].get("content"), calls, outputs)
+            following = next_round_body(
+                self._body,
+                executed + messages,
+                (usage or {}).get("completion_tokens", 0),
+                round_index,
+            )
+            if following is None:
+                break
+            result = await self._create(following)
+            if isinstance(result, ApiError):
+                logger.warning("continuation stopped: %s", result.message)
+                break
+            executed += messages
+            reply = result.model_dump(mode="json")
+            usage = summed_usage(usage, reply.get("usage"))
+            if self._turn_ended is not None:
+                made = reply_tool_calls(reply["choices"][0]["message"])
+                self._turn_ended(made[0].name if made else None)
+        if not executed:
+            return reply
+        reply["id"] = response_id
+        reply["usage"] = usage
+        return with_extension(reply, executed)
+
+    async def stream(
+        self, stream: AsyncIterator[str], client_wants_usage: bool
+    ) -> AsyncIterator[str]:
+        """The streamed reply's SSE chunks, given the first round's."""
+        response_id = f"chatcmpl-{self._body['request_id']}"
+        usage: dict[str, Any] | None = None
+        executed: list[dict[str, Any]] = []
+        round_index = 1
+        while True:
+            current = StreamRound(response_id)
+            async for chunk in stream:
+                for forwarded in current.feed(chunk):
+                    yield forwarded
+            usage = summed_usage(usage, current.usage)
+            calls = current.tool_calls
+            if self._turn_ended is not None:
+                self._turn_ended(calls[0].name if calls else None)
+            following = None
+            if (
+                not current.failed
+                and calls_complete(current.finish_reason)
+                and calls
+                and round_index <= self._config.max_rounds
+            ):
+                outputs = await self._answer_calls(calls)
+                if outputs is not None:
+                    messages = round_messages(current.content, calls, outputs)
+                    following = next_round_body(
+                        self._body,
+                        executed + messages,
+                        (usage or {}).get("completion_tokens", 0),
+                        round_index,
+                    )
+            if following is not None:
+                result = await self._create(following)
+                if isinstance(result, ApiError):
+                    logger.warning("continuation stopped: %s", result.message)
+                else:
+                    executed += messages
+                    yield current.executed_chunk(messages)
+                    stream = result
+                    round_index += 1
+                    continue
+            for closing in current.closing_chunks(usage if client_wants_usage else None):
+                yield closing
+            return
+
+    async def _answer_calls(self, calls: list[ModelToolCall]) -> list[str] | None:
+        """Tool messages for every call, or None when any must go to the client.
+        Client tools are checked first, so no hosted tool runs for a round that
+        goes back to the client anyway."""
+        tools = self._tools
+        program_id = str(self._body.get("session_id") or "")
+        hosted_names = declared_hosted_tools(self._body["tools"], tools.registry.openai_schemas())
+        is_hosted = [call.name in hosted_names for call in calls]
+
+        async def answer(index: int) -> str | None:
+            outcome = await tools.resolve(
+                calls[index].name,
+                calls[index].arguments,
+                tenant=self._turn.tenant,
+                program_id=program_id,
+                client_result_wait_s=self._config.client_result_wait_s,
+                hosted=is_hosted[index],
+            )
+            return None if outcome is None else outcome.result.for_model()
+
+        answers: dict[int, str | None] = {}
+        for hosted_pass in (False, True):
+            indices = [i for i, hosted in enumerate(is_hosted) if hosted is hosted_pass]
+            outputs = await asyncio.gather(*(answer(i) for i in indices))
+            answers |= dict(zip(indices, outputs, strict=True))
+            if None in answers.values():
+                return None
+        return [answers[i] or "" for i in range(len(calls))]

@@ -21,22 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.config import ModelDeploymentConfig, ToolsConfig
 from cluster.store.replicas import EngineState, ReplicaStatus, ReplicaStatusStore
-from deployments.continuation import (
-    StreamRound,
-    TurnContext,
-    calls_complete,
-    continuation_possible,
-    declared_hosted_tools,
-    next_round_body,
-    reply_tool_calls,
-    round_messages,
-    summed_usage,
-    with_extension,
-)
+from deployments.continuation import Continuation, TurnContext, continuation_possible
 from deployments.errors import ApiError, engine_not_ready
 from deployments.pinning.replica import EnginePinning, tool_called, tool_called_in_chunk
 from deployments.pinning.settings import LAST_STEP_ARG, EnginePinningSettings, create_engine_config
-from toolworkers.chat_stream import ModelToolCall
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
@@ -246,20 +234,28 @@ class ModelServer:
             return
         program_id = body.get("session_id")
         tracked = bool(self._pinning is not None and program_id and not _is_last_step(body))
+        continuation = None
+        if continuing:
+            assert turn is not None and self._tools is not None and self._tools_config is not None
+            continuation = Continuation(
+                body,
+                turn,
+                self._tools,
+                self._tools_config.continuation,
+                self._create,
+                (lambda tool: self._turn_ended(program_id, tool)) if tracked else None,
+            )
         if not isinstance(result, AsyncIterator):
             reply = result.model_dump(mode="json")
             if tracked:
                 self._turn_ended(program_id, tool_called(reply))
-            if continuing:
-                assert turn is not None
-                reply = await self._continue_reply(body, reply, turn, tracked)
+            if continuation is not None:
+                reply = await continuation.reply(reply)
             yield ReplyHead(self._replica_id, streaming=False, body=reply)
             return
         yield ReplyHead(self._replica_id, streaming=True)
-        if continuing:
-            assert turn is not None
-            continued = self._continue_stream(body, result, turn, tracked, client_wants_usage)
-            async for chunk in continued:
+        if continuation is not None:
+            async for chunk in continuation.stream(result, client_wants_usage):
                 yield chunk
             return
         tool = None
@@ -309,129 +305,6 @@ class ModelServer:
         if isinstance(result, ErrorResponse):
             return ApiError.from_status(result.error.code, result.error.message, result.error.param)
         return result
-
-    async def _answer_calls(
-        self, calls: list[ModelToolCall], body: dict[str, Any], turn: TurnContext
-    ) -> list[str] | None:
-        """Tool messages for every call, or None when any must go to the client.
-        Client tools are checked first, so no hosted tool runs for a round that
-        goes back to the client anyway."""
-        assert self._tools is not None and self._tools_config is not None
-        tools = self._tools
-        wait_s = self._tools_config.continuation.client_result_wait_s
-        program_id = str(body.get("session_id") or "")
-        hosted_names = declared_hosted_tools(body["tools"], tools.registry.openai_schemas())
-        is_hosted = [call.name in hosted_names for call in calls]
-
-        async def answer(index: int) -> str | None:
-            outcome = await tools.resolve(
-                calls[index].name,
-                calls[index].arguments,
-                tenant=turn.tenant,
-                program_id=program_id,
-                client_result_wait_s=wait_s,
-                hosted=is_hosted[index],
-            )
-            return None if outcome is None else outcome.result.for_model()
-
-        answers: dict[int, str | None] = {}
-        for hosted_pass in (False, True):
-            indices = [i for i, hosted in enumerate(is_hosted) if hosted is hosted_pass]
-            outputs = await asyncio.gather(*(answer(i) for i in indices))
-            answers |= dict(zip(indices, outputs, strict=True))
-            if None in answers.values():
-                return None
-        return [answers[i] or "" for i in range(len(calls))]
-
-    def _max_rounds(self) -> int:
-        assert self._tools_config is not None
-        return self._tools_config.continuation.max_rounds
-
-    async def _continue_reply(
-        self, body: dict[str, Any], reply: dict[str, Any], turn: TurnContext, tracked: bool
-    ) -> dict[str, Any]:
-        response_id = reply["id"]
-        usage = reply.get("usage")
-        executed: list[dict[str, Any]] = []
-        for round_index in range(1, self._max_rounds() + 1):
-            choice = reply["choices"][0]
-            calls = reply_tool_calls(choice["message"])
-            if not calls or not calls_complete(choice.get("finish_reason")):
-                break
-            outputs = await self._answer_calls(calls, body, turn)
-            if outputs is None:
-                break
-            messages = round_messages(choice["message"].get("content"), calls, outputs)
-            following = next_round_body(
-                body, executed + messages, (usage or {}).get("completion_tokens", 0), round_index
-            )
-            if following is None:
-                break
-            result = await self._create(following)
-            if isinstance(result, ApiError):
-                logger.warning("continuation stopped: %s", result.message)
-                break
-            executed += messages
-            reply = result.model_dump(mode="json")
-            usage = summed_usage(usage, reply.get("usage"))
-            if tracked:
-                self._turn_ended(body.get("session_id"), tool_called(reply))
-        if not executed:
-            return reply
-        reply["id"] = response_id
-        reply["usage"] = usage
-        return with_extension(reply, executed)
-
-    async def _continue_stream(
-        self,
-        body: dict[str, Any],
-        stream: AsyncIterator[str],
-        turn: TurnContext,
-        tracked: bool,
-        client_wants_usage: bool,
-    ) -> AsyncIterator[str]:
-        response_id = f"chatcmpl-{body['request_id']}"
-        usage: dict[str, Any] | None = None
-        executed: list[dict[str, Any]] = []
-        round_index = 1
-        while True:
-            current = StreamRound(response_id)
-            async for chunk in stream:
-                for forwarded in current.feed(chunk):
-                    yield forwarded
-            usage = summed_usage(usage, current.usage)
-            calls = current.tool_calls
-            if tracked:
-                self._turn_ended(body.get("session_id"), calls[0].name if calls else None)
-            following = None
-            if (
-                not current.failed
-                and calls_complete(current.finish_reason)
-                and calls
-                and round_index <= self._max_rounds()
-            ):
-                outputs = await self._answer_calls(calls, body, turn)
-                if outputs is not None:
-                    messages = round_messages(current.content, calls, outputs)
-                    following = next_round_body(
-                        body,
-                        executed + messages,
-                        (usage or {}).get("completion_tokens", 0),
-                        round_index,
-                    )
-            if following is not None:
-                result = await self._create(following)
-                if isinstance(result, ApiError):
-                    logger.warning("continuation stopped: %s", result.message)
-                else:
-                    executed += messages
-                    yield current.executed_chunk(messages)
-                    stream = result
-                    round_index += 1
-                    continue
-            for closing in current.closing_chunks(usage if client_wants_usage else None):
-                yield closing
-            return
 
     def _turn_ended(self, program_id: str | None, tool: str | None) -> None:
         if self._pinning is not None and program_id:

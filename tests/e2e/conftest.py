@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ from openai import OpenAI
 from cluster.config import HostedToolConfig, ToolserveConfig, load_config
 from cluster.launch.launcher import Endpoints, LocalCluster
 from cluster.net import free_port
+from cluster.store.pins import TtlLedger
 
 DATA_FILES = {
     "notes.txt": "alpha\nbeta\ngamma\n",
@@ -101,3 +104,35 @@ def healthy_after(cluster: Endpoints) -> Iterator[None]:
     response = httpx.get(cluster.health_url, timeout=30)
     assert response.status_code == 200, response.text
     assert response.json()["status"] == "ok"
+
+
+@pytest.fixture()
+def ledger_caught_up(
+    client: OpenAI, model_name: str, cluster: Endpoints, weather_tool: dict[str, Any]
+) -> Callable[[], None]:
+    """Waits until the TTL ledger shows a session turn sent now. The main engine
+    publishes its pins in order, so every turn it finished before has then been
+    published too: a check for a missing entry after this cannot pass early."""
+
+    def wait() -> None:
+        program = f"ledger-barrier-{uuid.uuid4().hex[:8]}"
+        client.chat.completions.create(
+            model=model_name,
+            messages=[{"role": "user", "content": "Weather in Oslo?"}],
+            tools=[weather_tool],  # type: ignore[list-item]
+            tool_choice="required",
+            max_tokens=32,
+            temperature=0,
+            extra_headers={"X-Session-ID": program},
+        )
+        ledger = TtlLedger(cluster.redis_url)
+        deadline = time.monotonic() + 30
+        try:
+            while ledger.lookup(program) is None:
+                assert time.monotonic() < deadline, "the barrier turn never reached the ledger"
+                time.sleep(0.1)
+        finally:
+            ledger.close()
+        httpx.delete(f"{cluster.api_base}/sessions/{program}", timeout=30)
+
+    return wait

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -78,7 +79,7 @@ def test_tool_turn_is_pinned_in_the_ledger_until_the_session_closes(
 
 
 def test_requests_without_a_session_pin_nothing(
-    client: OpenAI, model_name: str, cluster: Endpoints
+    client: OpenAI, model_name: str, cluster: Endpoints, ledger_caught_up: Callable[[], None]
 ) -> None:
     raw = client.chat.completions.with_raw_response.create(
         model=model_name,
@@ -90,7 +91,7 @@ def test_requests_without_a_session_pin_nothing(
     )
     program = raw.headers["x-session-id"]
     assert program.startswith("oneshot-")
-    time.sleep(1)
+    ledger_caught_up()
     ledger = TtlLedger(cluster.redis_url)
     assert ledger.lookup(program) is None
     ledger.close()

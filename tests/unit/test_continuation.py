@@ -1,13 +1,18 @@
-"""Engine-side continuation's pure parts: which requests may continue, the next
-round's request, usage sums, and the streamed round (held tool calls)."""
+"""Engine-side continuation: which requests may continue, the next round's request,
+usage sums, the streamed round (held tool calls), and the round loop."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
+from cluster.config import HostedToolConfig, ToolsConfig
+from cluster.store.tool_state import LocalToolStateStore
 from deployments.continuation import (
     EXTENSION_FIELD,
+    Continuation,
     StreamRound,
     continuation_possible,
     declared_hosted_tools,
@@ -15,8 +20,12 @@ from deployments.continuation import (
     reply_tool_calls,
     round_messages,
     summed_usage,
+    TurnContext,
 )
 from toolworkers.chat_stream import ModelToolCall
+from toolworkers.execution import ToolExecutor
+from toolworkers.registry import ToolRegistry
+from toolworkers.sandbox import SandboxCall, ToolResult, run_sandboxed
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {}}}]
 BODY: dict[str, Any] = {
@@ -247,3 +256,114 @@ def test_only_tools_declared_with_the_hosted_schema_run_in_the_server() -> None:
     assert declared_hosted_tools([same, other], hosted) == {"calculator"}
     assert declared_hosted_tools([own, other], hosted) == set()
     assert declared_hosted_tools([{"type": "function"}, "junk"], hosted) == set()  # type: ignore[list-item]
+
+
+# --- the round loop, with the real executor and calculator, the engine scripted --
+
+
+class _Reply(dict[str, Any]):
+    """A non-streamed engine reply as vLLM's front end returns it."""
+
+    def model_dump(self, mode: str) -> dict[str, Any]:
+        return json.loads(json.dumps(self))
+
+
+def _reply(message: dict[str, Any], finish: str, completion_tokens: int) -> _Reply:
+    return _Reply(
+        id="chatcmpl-round",
+        choices=[{"index": 0, "message": message, "finish_reason": finish}],
+        usage={"prompt_tokens": 10, "completion_tokens": completion_tokens, "total_tokens": 0},
+    )
+
+
+CALL = {
+    "id": "c1",
+    "type": "function",
+    "function": {"name": "calculator", "arguments": '{"expression": "6*7"}'},
+}
+
+
+def _continuation(
+    create: Any, body: dict[str, Any], turn_ends: list[str | None]
+) -> Continuation:
+    config = ToolsConfig(hosted=[HostedToolConfig(function="toolworkers.hosted_tools:calculator")])
+    registry = ToolRegistry.from_config(config)
+
+    async def sandboxed(call: SandboxCall) -> ToolResult:
+        return await run_sandboxed(call, config.sandbox)
+
+    executor = ToolExecutor(registry, sandboxed, None, config.cache, LocalToolStateStore(60))
+    hosted_body = body | {"tools": registry.openai_schemas(), "session_id": "p1"}
+    return Continuation(
+        hosted_body,
+        TurnContext(tenant="t", execute_tools=True),
+        executor,
+        config.continuation,
+        create,
+        turn_ends.append,
+    )
+
+
+def test_the_loop_answers_hosted_calls_and_runs_the_next_round() -> None:
+    sent: list[dict[str, Any]] = []
+
+    async def create(body: dict[str, Any]) -> _Reply:
+        sent.append(body)
+        return _reply({"role": "assistant", "content": "It is 42."}, "stop", 5)
+
+    turn_ends: list[str | None] = []
+    continuation = _continuation(create, BODY | {"max_tokens": 50}, turn_ends)
+    first = _reply({"role": "assistant", "content": None, "tool_calls": [CALL]}, "tool_calls", 20)
+    reply = asyncio.run(continuation.reply(first.model_dump(mode="json")))
+
+    assert len(sent) == 1 and sent[0]["max_tokens"] == 30 and sent[0]["request_id"] == "abc-r1"
+    executed = reply[EXTENSION_FIELD]["executed_messages"]
+    assert executed == sent[0]["messages"][len(BODY["messages"]) :]
+    assert executed[1] == {"role": "tool", "tool_call_id": "c1", "content": "42"}
+    assert reply["choices"][0]["message"]["content"] == "It is 42."
+    assert reply["usage"]["completion_tokens"] == 25
+    assert turn_ends == [None]
+
+
+def test_a_call_of_a_client_tool_goes_back_to_the_client() -> None:
+    async def create(body: dict[str, Any]) -> _Reply:
+        raise AssertionError("no round may follow a call the server cannot answer")
+
+    continuation = _continuation(create, BODY, [])
+    weather = CALL | {"function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    first = _reply({"role": "assistant", "content": None, "tool_calls": [weather]}, "tool_calls", 9)
+    reply = asyncio.run(continuation.reply(first.model_dump(mode="json")))
+    assert reply == first.model_dump(mode="json")
+
+
+def test_a_streamed_turn_shows_the_executed_round_then_the_answer() -> None:
+    async def following_round() -> AsyncIterator[str]:
+        yield _chunk({"content": "42."}, finish="stop")
+        yield "data: [DONE]\n\n"
+
+    async def create(body: dict[str, Any]) -> AsyncIterator[str]:
+        return following_round()
+
+    async def first_round() -> AsyncIterator[str]:
+        yield _chunk({"tool_calls": [{"index": 0} | CALL]})
+        yield _chunk({}, finish="tool_calls")
+        yield "data: [DONE]\n\n"
+
+    turn_ends: list[str | None] = []
+    continuation = _continuation(create, BODY, turn_ends)
+
+    async def collect() -> list[str]:
+        return [chunk async for chunk in continuation.stream(first_round(), False)]
+
+    events = _events(asyncio.run(collect()))
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    executed = [e for e in events if isinstance(e, dict) and EXTENSION_FIELD in e]
+    assert len(executed) == 1
+    messages = executed[0][EXTENSION_FIELD]["executed_messages"]
+    assert messages[1]["content"] == "42"
+    contents = [
+        e["choices"][0]["delta"].get("content") for e in events if isinstance(e, dict) and e.get("choices")
+    ]
+    assert "42." in contents
+    assert all(e["id"] == "chatcmpl-abc" for e in events if isinstance(e, dict))
+    assert turn_ends == ["calculator", None]

@@ -29,7 +29,14 @@ def test_everything_off_leaves_the_engine_stock() -> None:
     assert settings(mode="off", program_fcfs=False).engine_kwargs() == {}
     assert EnginePinningSettings.from_additional_config({}) is None
     assert EnginePinningSettings.from_additional_config(None) is None
-    assert ADDITIONAL_CONFIG_KEY == "toolserve_pinning"
+
+
+def test_the_settings_live_beside_other_users_of_additional_config() -> None:
+    pinning = settings()
+    carried = pinning.engine_kwargs()["additional_config"]
+    assert set(carried) == {ADDITIONAL_CONFIG_KEY}
+    shared = {"another_plugin": {"enabled": True}} | carried
+    assert EnginePinningSettings.from_additional_config(shared) == pinning
 
 
 def test_scheduler_follows_vllms_choice_of_async_scheduling() -> None:
