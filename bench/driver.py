@@ -14,6 +14,7 @@ from openai import APIError, AsyncOpenAI
 from tqdm import tqdm
 
 from bench.workloads.program import AgentProgram, Reply, ToolCall, ToolOutcome, TurnRequest
+from cluster.openai_protocol import executed_messages
 from toolworkers.client import SpeculativeToolClient
 
 _REQUEST_TIMEOUT_S = 900.0
@@ -142,9 +143,7 @@ def reply_from_completion(completion: Any, replica: str | None = None) -> Reply:
         prompt_tokens=usage.prompt_tokens if usage else 0,
         cached_tokens=getattr(details, "cached_tokens", None) if details else None,
         completion_tokens=usage.completion_tokens if usage else 0,
-        executed_messages=tuple(
-            ((completion.model_extra or {}).get("toolserve") or {}).get("executed_messages") or ()
-        ),
+        executed_messages=tuple(executed_messages(completion.model_extra)),
         replica=replica,
     )
 

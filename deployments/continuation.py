@@ -26,14 +26,21 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.config import ContinuationConfig
 from deployments.errors import ApiError
-from toolworkers.chat_stream import ModelToolCall, ToolCallDeltas, sse_payloads
+from cluster.openai_protocol import (
+    SSE_DONE,
+    ModelToolCall,
+    ToolCallDeltas,
+    message_tool_calls,
+    sse_event,
+    sse_payloads,
+    with_executed_messages,
+)
 
 if TYPE_CHECKING:
     from toolworkers.execution import ToolExecutor
 
 logger = logging.getLogger("toolserve.continuation")
 
-EXTENSION_FIELD = "toolserve"
 # Constraints on the call-making step (vLLM implements a required or named
 # tool_choice with structured outputs too); the rounds the server adds after
 # answering a call leave the choice to the model. `response_format`, the shape
@@ -88,13 +95,6 @@ def calls_complete(finish_reason: str | None) -> bool:
     """Did the round end having made its calls (vLLM ends a named tool choice with
     `stop`), rather than cut off mid-call at the token limit?"""
     return finish_reason in ("tool_calls", "stop")
-
-
-def reply_tool_calls(message: dict[str, Any]) -> list[ModelToolCall]:
-    return [
-        ModelToolCall(call["id"], call["function"]["name"], call["function"].get("arguments") or "")
-        for call in message.get("tool_calls") or []
-    ]
 
 
 def round_messages(
@@ -157,18 +157,6 @@ def summed_usage(
     return summed
 
 
-def with_extension(reply: dict[str, Any], executed: list[dict[str, Any]]) -> dict[str, Any]:
-    reply[EXTENSION_FIELD] = {"executed_messages": executed}
-    return reply
-
-
-def _sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
-
-
-_DONE = "data: [DONE]\n\n"
-
-
 @dataclass
 class StreamRound:
     """One round of a streamed reply. `feed` returns what to send on at once:
@@ -189,7 +177,7 @@ class StreamRound:
         for data in sse_payloads(sse):
             if "error" in data and "choices" not in data:
                 self.failed = True
-                forward.append(_sse(data))
+                forward.append(sse_event(data))
                 continue
             data["id"] = self.response_id
             if self._template is None:
@@ -198,7 +186,7 @@ class StreamRound:
                 self.usage = data.get("usage") or self.usage
                 continue
             if self._take(data):
-                forward.append(_sse(data))
+                forward.append(sse_event(data))
         return forward
 
     def _take(self, data: dict[str, Any]) -> bool:
@@ -224,7 +212,7 @@ class StreamRound:
 
     def executed_chunk(self, executed: list[dict[str, Any]]) -> str:
         """Stands in for the round's tool calls when the server answered them."""
-        return _sse(with_extension(self._chunk({}), executed))
+        return sse_event(with_executed_messages(self._chunk({}), executed))
 
     def closing_chunks(self, total_usage: dict[str, Any] | None) -> list[str]:
         """The end of the reply: held tool calls (whole), the finish chunk, the
@@ -235,13 +223,13 @@ class StreamRound:
                 {"index": index} | call.as_message_part()
                 for index, call in enumerate(self.tool_calls)
             ]
-            chunks.append(_sse(self._chunk({"tool_calls": parts})))
+            chunks.append(sse_event(self._chunk({"tool_calls": parts})))
         if self._finish_chunk is not None:
             self._finish_chunk["choices"][0]["delta"] = {}
-            chunks.append(_sse(self._finish_chunk))
+            chunks.append(sse_event(self._finish_chunk))
         if total_usage is not None and self.usage is not None:
-            chunks.append(_sse(dict(self._template or {}) | {"choices": [], "usage": total_usage}))
-        chunks.append(_DONE)
+            chunks.append(sse_event(dict(self._template or {}) | {"choices": [], "usage": total_usage}))
+        chunks.append(SSE_DONE)
         return chunks
 
 
@@ -278,7 +266,7 @@ class Continuation:
         executed: list[dict[str, Any]] = []
         for round_index in range(1, self._config.max_rounds + 1):
             choice = reply["choices"][0]
-            calls = reply_tool_calls(choice["message"])
+            calls = message_tool_calls(choice["message"])
             if not calls or not calls_complete(choice.get("finish_reason")):
                 break
             outputs = await self._answer_calls(calls)
@@ -301,13 +289,13 @@ class Continuation:
             reply = result.model_dump(mode="json")
             usage = summed_usage(usage, reply.get("usage"))
             if self._turn_ended is not None:
-                made = reply_tool_calls(reply["choices"][0]["message"])
+                made = message_tool_calls(reply["choices"][0]["message"])
                 self._turn_ended(made[0].name if made else None)
         if not executed:
             return reply
         reply["id"] = response_id
         reply["usage"] = usage
-        return with_extension(reply, executed)
+        return with_executed_messages(reply, executed)
 
     async def stream(
         self, stream: AsyncIterator[str], client_wants_usage: bool

@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from cluster.config import SpeculationConfig
+from cluster.openai_protocol import executed_messages
 from toolworkers.cache_keys import ArgumentsError, normalized_arguments
 from toolworkers.speculation import call_identity, draft_predictions, draft_request
 
@@ -114,11 +115,10 @@ class SpeculativeToolClient:
         finally:
             if not speculation.done():
                 speculation.cancel()
-        extension = (completion.model_extra or {}).get("toolserve") or {}
         results = []
         for call in completion.choices[0].message.tool_calls or []:
             results.append(await self._result_for(call, running))
-        return SpeculativeTurn(completion, list(extension.get("executed_messages") or []), results)
+        return SpeculativeTurn(completion, executed_messages(completion.model_extra), results)
 
     async def _speculate(
         self, request: dict[str, Any], response_id: str, running: dict[str, asyncio.Task[str]]

@@ -19,6 +19,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from cluster.openai_protocol import message_tool_calls
 from toolworkers.cache_keys import ArgumentsError, normalized_arguments
 
 START = "(start)"
@@ -45,15 +46,12 @@ def calls_in_history(messages: list[Any]) -> list[ObservedCall]:
     for message in messages:
         if not isinstance(message, dict) or message.get("role") != "assistant":
             continue
-        for call in message.get("tool_calls") or []:
-            function = call.get("function") if isinstance(call, dict) else None
-            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-                continue
+        for call in message_tool_calls(message):
             try:
-                arguments = normalized_arguments(function.get("arguments"))
+                arguments = normalized_arguments(call.arguments)
             except ArgumentsError:
                 continue
-            calls.append(ObservedCall(function["name"], arguments))
+            calls.append(ObservedCall(call.name, arguments))
     return calls
 
 

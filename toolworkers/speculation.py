@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.config import SpeculationConfig
+from cluster.openai_protocol import ToolCallDeltas, executed_messages, sse_payloads
 from toolworkers.cache_keys import canonical_arguments
-from toolworkers.chat_stream import ToolCallDeltas, sse_payloads
 from toolworkers.predictor import ObservedCall, PredictedCall, calls_in_history
 from toolworkers.registry import CostClass, ToolRegistry
 
@@ -120,7 +120,7 @@ def settle(issued: list[PredictedCall], actual: list[ObservedCall]) -> Settlemen
 
 def reply_calls(reply: dict[str, Any]) -> list[ObservedCall]:
     """Every call a non-streamed reply made: those the server ran, then the reply's own."""
-    executed = (reply.get("toolserve") or {}).get("executed_messages") or []
+    executed = executed_messages(reply)
     replied = [_reply_message(choice) for choice in reply.get("choices") or []]
     return calls_in_history([*executed, *replied])
 
@@ -136,10 +136,8 @@ class StreamedCalls:
         if "tool_call" not in sse and "executed_messages" not in sse:
             return
         for data in sse_payloads(sse):
-            executed = (data.get("toolserve") or {}).get("executed_messages") or []
-            self.calls += calls_in_history(executed)
-            for choice in data.get("choices") or []:
-                self._deltas.feed((choice.get("delta") or {}).get("tool_calls") or [])
+            self.calls += calls_in_history(executed_messages(data))
+            self._deltas.feed_chunk(data)
 
     def finish(self) -> list[ObservedCall]:
         streamed = [

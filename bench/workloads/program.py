@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cluster.openai_protocol import ModelToolCall
+
 ToolChoice = str | dict[str, Any]
 
 
@@ -37,11 +39,7 @@ class TurnRequest:
 
 
 @dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str
-
+class ToolCall(ModelToolCall):
     def parsed_arguments(self) -> dict[str, Any] | None:
         """The arguments as a JSON object, or None when they are not one."""
         try:
@@ -70,14 +68,7 @@ class Reply:
     def assistant_message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": self.content or ""}
         if self.tool_calls:
-            message["tool_calls"] = [
-                {
-                    "id": call.id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments},
-                }
-                for call in self.tool_calls
-            ]
+            message["tool_calls"] = [call.as_message_part() for call in self.tool_calls]
         return message
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 from openai import OpenAI
 
+from cluster.openai_protocol import executed_messages
 from toolworkers.builtin_tools import ToolError, Workspace, calculate, string_parameter
 from toolworkers.registry import ToolSpec
 
@@ -118,8 +119,7 @@ class TurnRecord:
 def server_executed_messages(response: Any) -> list[dict[str, Any]]:
     """The tool calls the server ran itself and their results (engine-side
     continuation), to insert before the reply's message in the history."""
-    extension = (response.model_extra or {}).get("toolserve") or {}
-    return list(extension.get("executed_messages") or [])
+    return executed_messages(response.model_extra)
 
 
 def _server_tools(api_base: str) -> dict[str, Any]:

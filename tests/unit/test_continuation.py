@@ -9,20 +9,18 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from cluster.config import HostedToolConfig, ToolsConfig
+from cluster.openai_protocol import EXTENSION_FIELD, ModelToolCall, message_tool_calls
 from cluster.store.tool_state import LocalToolStateStore
 from deployments.continuation import (
-    EXTENSION_FIELD,
     Continuation,
     StreamRound,
     continuation_possible,
     declared_hosted_tools,
     next_round_body,
-    reply_tool_calls,
     round_messages,
     summed_usage,
     TurnContext,
 )
-from toolworkers.chat_stream import ModelToolCall
 from toolworkers.execution import ToolExecutor
 from toolworkers.registry import ToolRegistry
 from toolworkers.sandbox import SandboxCall, ToolResult, run_sandboxed
@@ -90,7 +88,7 @@ def test_round_messages_keep_call_order_and_ids() -> None:
     assert round_messages("", calls[:1], ["42"])[0]["content"] is None
 
 
-def test_reply_tool_calls_reads_a_reply_message() -> None:
+def test_the_calls_of_a_reply_message_are_read() -> None:
     message = {
         "role": "assistant",
         "content": None,
@@ -98,8 +96,8 @@ def test_reply_tool_calls_reads_a_reply_message() -> None:
             {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": "{}"}}
         ],
     }
-    assert reply_tool_calls(message) == [ModelToolCall("c1", "calculator", "{}")]
-    assert reply_tool_calls({"role": "assistant", "content": "hi"}) == []
+    assert message_tool_calls(message) == [ModelToolCall("c1", "calculator", "{}")]
+    assert message_tool_calls({"role": "assistant", "content": "hi"}) == []
 
 
 def test_next_round_appends_messages_and_spends_the_token_budget() -> None:

@@ -1,0 +1,115 @@
+"""OpenAI's chat-completions wire format as toolserve reads and writes it, in one
+place: tool calls in reply messages and in streamed chunks (reassembled from
+their deltas), SSE events, and toolserve's `toolserve` extension of a reply."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+EXTENSION_FIELD = "toolserve"
+"""A reply's (or a chunk's) extension: `executed_messages`, the tool calls the
+server ran and their results, to insert before the reply's own message."""
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+@dataclass(frozen=True)
+class ModelToolCall:
+    """One call as the model made it; `arguments` is the model's JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def as_message_part(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+def message_tool_calls(message: Any) -> list[ModelToolCall]:
+    """The calls of a message (a reply's `message` or a history entry), in order;
+    entries without a function name are skipped."""
+    if not isinstance(message, dict):
+        return []
+    calls = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            arguments = function.get("arguments") or ""
+            if not isinstance(arguments, str):  # a client's history may hold an object
+                arguments = json.dumps(arguments)
+            calls.append(ModelToolCall(str(call.get("id") or ""), function["name"], arguments))
+    return calls
+
+
+def reply_tool_calls(reply: dict[str, Any]) -> list[ModelToolCall]:
+    """The calls of every choice of a non-streamed reply."""
+    return [
+        call for choice in reply.get("choices") or [] for call in message_tool_calls(choice.get("message"))
+    ]
+
+
+def executed_messages(extended: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The messages of a reply's or chunk's extension (for the `openai` SDK's
+    objects, pass their `model_extra`)."""
+    extension = (extended or {}).get(EXTENSION_FIELD) or {}
+    return list(extension.get("executed_messages") or [])
+
+
+def with_executed_messages(reply: dict[str, Any], executed: list[dict[str, Any]]) -> dict[str, Any]:
+    reply[EXTENSION_FIELD] = {"executed_messages": executed}
+    return reply
+
+
+def sse_event(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def sse_payloads(sse: str) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a chunk's `data:` events (`[DONE]` left out)."""
+    for event in sse.split("\n\n"):
+        payload = event.strip().removeprefix("data:").strip()
+        if payload.startswith("{"):
+            yield json.loads(payload)
+
+
+@dataclass
+class _PendingCall:
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass
+class ToolCallDeltas:
+    """Tool calls assembled from `delta.tool_calls` fragments, by their index."""
+
+    _pending: dict[int, _PendingCall] = field(default_factory=dict)
+
+    def feed(self, parts: list[dict[str, Any]]) -> None:
+        for part in parts:
+            pending = self._pending.setdefault(int(part.get("index", 0)), _PendingCall())
+            pending.id = part.get("id") or pending.id
+            function = part.get("function") or {}
+            pending.name = function.get("name") or pending.name
+            pending.arguments += function.get("arguments") or ""
+
+    def feed_chunk(self, data: dict[str, Any]) -> None:
+        """Every choice's call fragments of one parsed chunk."""
+        for choice in data.get("choices") or []:
+            self.feed((choice.get("delta") or {}).get("tool_calls") or [])
+
+    def __bool__(self) -> bool:
+        return bool(self._pending)
+
+    def calls(self) -> list[ModelToolCall]:
+        return [
+            ModelToolCall(call.id, call.name, call.arguments)
+            for _, call in sorted(self._pending.items())
+        ]
