@@ -105,6 +105,12 @@ class ToolCallDeltas:
         for choice in data.get("choices") or []:
             self.feed((choice.get("delta") or {}).get("tool_calls") or [])
 
+    def feed_sse(self, sse: str) -> None:
+        """The call fragments of an SSE chunk; most chunks are text and are not parsed."""
+        if '"tool_calls"' in sse:
+            for data in sse_payloads(sse):
+                self.feed_chunk(data)
+
     def __bool__(self) -> bool:
         return bool(self._pending)
 

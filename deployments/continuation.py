@@ -258,6 +258,9 @@ class Continuation:
         self._config = config
         self._create = create
         self._turn_ended = turn_ended
+        self.calls_made: list[ModelToolCall] = []
+        """Every call of the streamed reply once it ended: those the server ran,
+        then those that went to the client."""
 
     async def reply(self, reply: dict[str, Any]) -> dict[str, Any]:
         """The non-streamed reply once no round is left to run, given the first."""
@@ -336,10 +339,12 @@ class Continuation:
                     logger.warning("continuation stopped: %s", result.message)
                 else:
                     executed += messages
+                    self.calls_made += calls
                     yield current.executed_chunk(messages)
                     stream = result
                     round_index += 1
                     continue
+            self.calls_made += calls
             for closing in current.closing_chunks(usage if client_wants_usage else None):
                 yield closing
             return

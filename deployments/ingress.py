@@ -31,7 +31,7 @@ from deployments.errors import (
     invalid_request,
     model_not_found,
 )
-from deployments.model_server import ReplyHead
+from deployments.model_server import ReplyHead, ReplyTail
 from deployments.pinning.settings import LAST_STEP_ARG
 from deployments.speculator import SpeculationTurn, Speculator
 from deployments.tool_api import (
@@ -43,7 +43,7 @@ from deployments.tool_api import (
 )
 from toolworkers.cache_keys import ArgumentsError, normalized_arguments
 from toolworkers.predictor import ObservedCall
-from toolworkers.speculation import StreamedCalls, reply_calls
+from toolworkers.speculation import observed_calls, reply_calls
 
 SESSION_HEADER = "X-Session-ID"
 ONESHOT_PREFIX = "oneshot-"
@@ -158,10 +158,17 @@ def parse_chat_body(raw: bytes, served_models: list[str]) -> dict[str, Any]:
     return body
 
 
-async def _relay(stream: AsyncIterator[ReplyHead | str]) -> AsyncIterator[str]:
+async def _relay(
+    stream: AsyncIterator[ReplyHead | str | ReplyTail], tail: list[ReplyTail] | None = None
+) -> AsyncIterator[str]:
+    """The stream's SSE chunks; its ReplyTail goes to `tail`."""
     try:
         async for chunk in stream:
-            yield str(chunk)
+            if isinstance(chunk, ReplyTail):
+                if tail is not None:
+                    tail.append(chunk)
+            else:
+                yield str(chunk)
     except Exception as error:
         lost = engine_not_ready(f"model replica lost mid-stream: {type(error).__name__}")
         yield f"data: {json.dumps(lost.body())}\n\n"
@@ -358,13 +365,13 @@ class OpenAIIngress:
             async for chunk in _relay(stream):
                 yield chunk
             return
-        calls = StreamedCalls()
+        tail: list[ReplyTail] = []
         try:
-            async for chunk in _relay(stream):
-                calls.feed(chunk)
+            async for chunk in _relay(stream, tail):
                 yield chunk
         finally:
-            self._settle(speculation, calls.finish())
+            made = [call for ended in tail for call in ended.tool_calls]
+            self._settle(speculation, observed_calls(made))
 
     async def _start_chat(
         self, body: dict[str, Any], program_id: str, turn: TurnContext, to_draft: bool

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cluster.config import ModelDeploymentConfig, ToolsConfig
+from cluster.openai_protocol import ModelToolCall, ToolCallDeltas
 from cluster.store.replicas import EngineState, ReplicaStatus, ReplicaStatusStore
 from deployments.continuation import Continuation, TurnContext, continuation_possible
 from deployments.errors import ApiError, engine_not_ready
-from deployments.pinning.replica import EnginePinning, tool_called, tool_called_in_chunk
+from deployments.pinning.replica import EnginePinning, tool_called
 from deployments.pinning.settings import LAST_STEP_ARG, EnginePinningSettings, create_engine_config
 
 if TYPE_CHECKING:
@@ -39,6 +40,14 @@ logger = logging.getLogger("toolserve.model_server")
 # outlives a few missed refreshes, then a dead replica's report vanishes.
 _STATUS_PERIOD_S = 5.0
 _STATUS_TTL_S = 15.0
+
+
+@dataclass(frozen=True)
+class ReplyTail:
+    """Last item of a streamed chat reply: every call it made (those the server
+    ran, then the reply's own), so the stream is parsed once, here."""
+
+    tool_calls: list[ModelToolCall]
 
 
 @dataclass(frozen=True)
@@ -205,8 +214,9 @@ class ModelServer:
 
     async def chat(
         self, body: dict[str, Any], turn: TurnContext | None = None
-    ) -> AsyncIterator[ReplyHead | str]:
-        """Serve one chat completion; yields a ReplyHead, then SSE chunks if streaming.
+    ) -> AsyncIterator[ReplyHead | str | ReplyTail]:
+        """Serve one chat completion; yields a ReplyHead, then, if streaming, SSE
+        chunks and a ReplyTail.
         With a `turn` allowing it, tool calls the server can answer are answered
         and the turn continues here (deployments/continuation.py)."""
         if self._state is not EngineState.READY or self._serving_chat is None:
@@ -257,14 +267,16 @@ class ModelServer:
         if continuation is not None:
             async for chunk in continuation.stream(result, client_wants_usage):
                 yield chunk
+            yield ReplyTail(continuation.calls_made)
             return
-        tool = None
+        calls = ToolCallDeltas()
         async for chunk in result:
-            if tracked and tool is None:
-                tool = tool_called_in_chunk(chunk)
+            calls.feed_sse(chunk)
             yield chunk
+        made = calls.calls()
         if tracked:
-            self._turn_ended(program_id, tool)
+            self._turn_ended(program_id, made[0].name if made else None)
+        yield ReplyTail(made)
 
     async def _answer_as_draft(self, body: dict[str, Any]) -> AsyncIterator[ReplyHead | str]:
         """A request for the draft's name served by this main engine: a prediction,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cluster.config import SpeculationConfig
-from cluster.openai_protocol import ToolCallDeltas, executed_messages, sse_payloads
+from cluster.openai_protocol import ModelToolCall, executed_messages
 from toolworkers.cache_keys import canonical_arguments
 from toolworkers.predictor import ObservedCall, PredictedCall, calls_in_history
 from toolworkers.registry import CostClass, ToolRegistry
@@ -125,23 +125,6 @@ def reply_calls(reply: dict[str, Any]) -> list[ObservedCall]:
     return calls_in_history([*executed, *replied])
 
 
-@dataclass
-class StreamedCalls:
-    """Every call a streamed reply made, collected from its SSE chunks."""
-
-    calls: list[ObservedCall] = field(default_factory=list)
-    _deltas: ToolCallDeltas = field(default_factory=ToolCallDeltas)
-
-    def feed(self, sse: str) -> None:
-        if "tool_call" not in sse and "executed_messages" not in sse:
-            return
-        for data in sse_payloads(sse):
-            self.calls += calls_in_history(executed_messages(data))
-            self._deltas.feed_chunk(data)
-
-    def finish(self) -> list[ObservedCall]:
-        streamed = [
-            {"role": "assistant", "tool_calls": [call.as_message_part()]}
-            for call in self._deltas.calls()
-        ]
-        return self.calls + calls_in_history(streamed)
+def observed_calls(calls: list[ModelToolCall]) -> list[ObservedCall]:
+    """The calls as the predictor sees them (calls with unreadable arguments left out)."""
+    return calls_in_history([{"role": "assistant", "tool_calls": [c.as_message_part() for c in calls]}])

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cluster.openai_protocol import ToolCallDeltas, reply_tool_calls, sse_payloads
+from cluster.openai_protocol import reply_tool_calls
 from cluster.store.pins import PinStore
 from deployments.pinning.plugin import UTILITY_METHOD, EngineOperation
 from deployments.pinning.ttl_policy import PrefillProfile
@@ -31,19 +31,6 @@ _TOOL_DURATION_BOUNDARIES = [0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120]
 def tool_called(reply: dict[str, Any]) -> str | None:
     """Name of the first tool a chat completion calls, None if it calls none."""
     return next((call.name for call in reply_tool_calls(reply) if call.name), None)
-
-
-def tool_called_in_chunk(sse_chunk: str) -> str | None:
-    """Name of a tool call starting in one SSE chunk of a streamed completion."""
-    if '"tool_calls"' not in sse_chunk:  # most chunks are text; skip parsing them
-        return None
-    deltas = ToolCallDeltas()
-    try:
-        for data in sse_payloads(sse_chunk):
-            deltas.feed_chunk(data)
-    except ValueError:
-        return None
-    return next((call.name for call in deltas.calls() if call.name), None)
 
 
 def profile_lengths(configured: list[int], max_model_len: int) -> list[int]:

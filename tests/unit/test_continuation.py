@@ -365,3 +365,4 @@ def test_a_streamed_turn_shows_the_executed_round_then_the_answer() -> None:
     assert "42." in contents
     assert all(e["id"] == "chatcmpl-abc" for e in events if isinstance(e, dict))
     assert turn_ends == ["calculator", None]
+    assert continuation.calls_made == [ModelToolCall("c1", "calculator", '{"expression": "6*7"}')]

@@ -53,3 +53,15 @@ def test_streamed_calls_are_reassembled_from_their_deltas() -> None:
     for data in sse_payloads("".join(sse_event(chunk) for chunk in chunks) + "data: [DONE]\n\n"):
         deltas.feed_chunk(data)
     assert deltas.calls() == [ModelToolCall("c", "f", '{"a": 1}')]
+
+
+def test_only_chunks_with_call_fragments_are_parsed() -> None:
+    deltas = ToolCallDeltas()
+    deltas.feed_sse(sse_event({"choices": [{"delta": {"content": "hi"}}]}))
+    deltas.feed_sse("data: [DONE]\n\n")
+    deltas.feed_sse("data: {not json, and no call fragment\n\n")
+    assert not deltas
+    deltas.feed_sse(
+        sse_event({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"name": "g"}}]}}]})
+    )
+    assert deltas.calls() == [ModelToolCall("", "g", "")]

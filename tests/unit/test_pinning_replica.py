@@ -1,11 +1,9 @@
-import json
 from pathlib import Path
 
 from deployments.pinning.replica import (
     profile_cache_path,
     profile_lengths,
     tool_called,
-    tool_called_in_chunk,
 )
 
 
@@ -34,34 +32,6 @@ def test_tool_called_reads_the_first_call_of_a_reply() -> None:
     assert tool_called(reply) == "ls"
     assert tool_called({"choices": [{"message": {"role": "assistant", "content": "done"}}]}) is None
     assert tool_called({}) is None
-
-
-def sse(payload: object) -> str:
-    return f"data: {json.dumps(payload)}\n\n"
-
-
-def test_tool_called_in_chunk_finds_the_named_fragment() -> None:
-    first = sse(
-        {
-            "choices": [
-                {
-                    "delta": {
-                        "tool_calls": [
-                            {"index": 0, "id": "c1", "function": {"name": "grep", "arguments": ""}}
-                        ]
-                    }
-                }
-            ]
-        }
-    )
-    later = sse(
-        {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}}]}
-    )
-    assert tool_called_in_chunk(first) == "grep"
-    assert tool_called_in_chunk(later) is None
-    assert tool_called_in_chunk(sse({"choices": [{"delta": {"content": "hi"}}]})) is None
-    assert tool_called_in_chunk("data: [DONE]\n\n") is None
-    assert tool_called_in_chunk("data: {not json\n\n") is None
 
 
 def test_profile_cache_path_depends_on_every_setting(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from cluster.config import HostedToolConfig, SpeculationConfig, ToolsConfig
+from cluster.openai_protocol import ModelToolCall
 from toolworkers.execution import ResultSource, ToolOutcome
 from toolworkers.metrics import time_saved_s
 from toolworkers.predictor import ObservedCall, PredictedCall
@@ -13,9 +14,9 @@ from toolworkers.registry import ToolRegistry
 from toolworkers.sandbox import ToolResult
 from toolworkers.speculation import (
     SpeculationPolicy,
-    StreamedCalls,
     draft_predictions,
     draft_request,
+    observed_calls,
     reply_calls,
     settle,
 )
@@ -141,45 +142,13 @@ def test_a_replys_calls_include_those_the_server_ran() -> None:
     ]
 
 
-def test_streamed_calls_are_assembled_from_deltas_and_extension_chunks() -> None:
-    def sse(data: dict[str, Any]) -> str:
-        return f"data: {json.dumps(data)}\n\n"
-
-    collected = StreamedCalls()
-    executed = [
-        {"role": "assistant", "tool_calls": [_tool_call("calculator", '{"expression": "1"}')]}
+def test_calls_a_stream_made_are_seen_as_the_predictor_sees_them() -> None:
+    made = [
+        ModelToolCall("c1", "calculator", '{"expression": "1"}'),
+        ModelToolCall("c2", "read_file", '{"path": "c"}'),
+        ModelToolCall("c3", "read_file", '{"path": '),  # cut off: not a call
     ]
-    for chunk in [
-        sse({"choices": [{"delta": {"content": "hi"}}]}),
-        sse({"choices": [{"delta": {}}], "toolserve": {"executed_messages": executed}}),
-        sse(
-            {
-                "choices": [
-                    {
-                        "delta": {
-                            "tool_calls": [
-                                {"index": 0, "function": {"name": "read_file", "arguments": '{"pa'}}
-                            ]
-                        }
-                    }
-                ]
-            }
-        ),
-        sse(
-            {
-                "choices": [
-                    {
-                        "delta": {
-                            "tool_calls": [{"index": 0, "function": {"arguments": 'th": "c"}'}}]
-                        }
-                    }
-                ]
-            }
-        ),
-        "data: [DONE]\n\n",
-    ]:
-        collected.feed(chunk)
-    assert collected.finish() == [
+    assert observed_calls(made) == [
         ObservedCall("calculator", {"expression": "1"}),
         ObservedCall("read_file", {"path": "c"}),
     ]
