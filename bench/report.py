@@ -63,6 +63,13 @@ def write_plots(
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
+    def save(figure: Any, axes: Any, plot: str, legend: bool) -> None:
+        if legend:
+            axes.legend()
+        figure.tight_layout()
+        figure.savefig(run_dir / PLOTS[plot], dpi=110)
+        plt.close(figure)
+
     by_system = {name: [p for p in programs if p.system == name] for name in systems}
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
@@ -73,10 +80,7 @@ def write_plots(
             axes.step(jcts, fractions, where="post", label=name)
     axes.set(xlabel="job completion time (s)", ylabel="fraction of programs", title="JCT CDF")
     axes.grid(alpha=0.3)
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(run_dir / PLOTS["jct_cdf"], dpi=110)
-    plt.close(figure)
+    save(figure, axes, "jct_cdf", legend=True)
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for name in systems:
@@ -90,10 +94,7 @@ def write_plots(
         title="Per-turn latency by turn index",
     )
     axes.grid(alpha=0.3)
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(run_dir / PLOTS["turn_latency"], dpi=110)
-    plt.close(figure)
+    save(figure, axes, "turn_latency", legend=True)
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
     baseline_jct = mean_jct_by_program(by_system.get(BASELINE, []))
@@ -121,11 +122,7 @@ def write_plots(
         title="Time saved against stock vLLM, by tool latency",
     )
     axes.grid(alpha=0.3, axis="y")
-    if others:
-        axes.legend()
-    figure.tight_layout()
-    figure.savefig(run_dir / PLOTS["time_saved"], dpi=110)
-    plt.close(figure)
+    save(figure, axes, "time_saved", legend=bool(others))
 
 
 def _memory_pressure(summary: dict[str, Any]) -> list[str]:
