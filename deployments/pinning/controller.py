@@ -88,7 +88,8 @@ class PinningStats:
 
 
 class PinningController:
-    """Decides pins for one engine. Times are seconds on one monotonic clock."""
+    """Decides pins for one engine. Times are Unix seconds (`time.time()`), the
+    clock of vLLM's arrival times and of the ledger's expiries."""
 
     def __init__(
         self,
