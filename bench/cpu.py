@@ -13,6 +13,10 @@ SAMPLE_INTERVAL_S = 1.0
 # vLLM titles its engine processes: the engine core and, on CPU, the worker
 # that runs the model (`VLLM::EngineCore`, `VLLM::Worker`).
 ENGINE_TITLES = ("VLLM::EngineCore", "VLLM::Worker")
+# vLLM starts them with multiprocessing's spawn, and they take their titles only
+# once running (one recorded arm never showed them): in every system's tree the
+# engine's are the only processes started that way.
+ENGINE_SPAWN_MARK = "from multiprocessing.spawn import spawn_main"
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,15 @@ def _name(process: psutil.Process) -> str:
     if len(command) > 2 and command[1] == "-m":
         return f"{name} -m {command[2]}"
     return name
+
+
+def _is_engine(process: psutil.Process, name: str) -> bool:
+    if name.startswith(ENGINE_TITLES):
+        return True
+    try:
+        return ENGINE_SPAWN_MARK in " ".join(process.cmdline())
+    except psutil.Error:
+        return False
 
 
 class ProcessTreeCpu:
@@ -72,7 +85,7 @@ class ProcessTreeCpu:
             times[process.pid] = cpu.user + cpu.system
             # A process titles itself a while after it starts: read it every time.
             self._names[process.pid] = _name(process)
-            if self._names[process.pid].startswith(ENGINE_TITLES):
+            if _is_engine(process, self._names[process.pid]):
                 self._engine_pids.add(process.pid)
         return times
 

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bench.cpu import ProcessTreeCpu
@@ -175,6 +176,38 @@ def test_vllm_engine_processes_are_told_apart_by_their_titles() -> None:
         worker.kill()
         worker.wait(timeout=30)
     assert use.engine_s >= 0.3 and use.by_process_name.get("VLLM::Worker", 0) >= 0.3
+
+
+def test_a_spawned_engine_process_counts_before_it_takes_its_title(tmp_path: Path) -> None:
+    """vLLM starts its engine processes with multiprocessing's spawn; they title
+    themselves only once running."""
+    script = (
+        "import multiprocessing, time\n"
+        "def spin():\n"
+        "    end = time.process_time() + 0.5\n"
+        "    while time.process_time() < end: pass\n"
+        "    print('spun', flush=True)\n"
+        "    time.sleep(60)\n"
+        "if __name__ == '__main__':\n"
+        "    multiprocessing.set_start_method('spawn')\n"
+        "    child = multiprocessing.Process(target=spin)\n"
+        "    child.start()\n"
+        "    child.join()\n"
+    )
+    main = tmp_path / "engine.py"  # spawn imports the parent's main module by path
+    main.write_text(script)
+    parent = subprocess.Popen([sys.executable, str(main)], stdout=subprocess.PIPE, text=True)
+    try:
+        sampler = ProcessTreeCpu(parent.pid, interval_s=0.05)
+        sampler.start()
+        assert parent.stdout is not None and parent.stdout.readline().strip() == "spun"
+        use = sampler.stop()
+    finally:
+        for process in psutil.Process(parent.pid).children(recursive=True):
+            process.kill()
+        parent.kill()
+        parent.wait(timeout=30)
+    assert use.engine_s >= 0.3
 
 
 def _git(repo: Path, *args: str) -> None:
