@@ -51,7 +51,9 @@ def message_tool_calls(message: Any) -> list[ModelToolCall]:
 def reply_tool_calls(reply: dict[str, Any]) -> list[ModelToolCall]:
     """The calls of every choice of a non-streamed reply."""
     return [
-        call for choice in reply.get("choices") or [] for call in message_tool_calls(choice.get("message"))
+        call
+        for choice in reply.get("choices") or []
+        for call in message_tool_calls(choice.get("message"))
     ]
 
 

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cluster.config import ContinuationConfig
-from deployments.errors import ApiError
 from cluster.openai_protocol import (
     SSE_DONE,
     ModelToolCall,
@@ -35,6 +34,7 @@ from cluster.openai_protocol import (
     sse_payloads,
     with_executed_messages,
 )
+from deployments.errors import ApiError
 
 if TYPE_CHECKING:
     from toolworkers.execution import ToolExecutor
@@ -228,7 +228,9 @@ class StreamRound:
             self._finish_chunk["choices"][0]["delta"] = {}
             chunks.append(sse_event(self._finish_chunk))
         if total_usage is not None and self.usage is not None:
-            chunks.append(sse_event(dict(self._template or {}) | {"choices": [], "usage": total_usage}))
+            chunks.append(
+                sse_event(dict(self._template or {}) | {"choices": [], "usage": total_usage})
+            )
         chunks.append(SSE_DONE)
         return chunks
 

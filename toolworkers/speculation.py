@@ -6,7 +6,7 @@ declared; it changes when a result is ready, never what the client receives."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from cluster.config import SpeculationConfig
@@ -127,4 +127,6 @@ def reply_calls(reply: dict[str, Any]) -> list[ObservedCall]:
 
 def observed_calls(calls: list[ModelToolCall]) -> list[ObservedCall]:
     """The calls as the predictor sees them (calls with unreadable arguments left out)."""
-    return calls_in_history([{"role": "assistant", "tool_calls": [c.as_message_part() for c in calls]}])
+    return calls_in_history(
+        [{"role": "assistant", "tool_calls": [c.as_message_part() for c in calls]}]
+    )

@@ -275,7 +275,6 @@ def test_session_id_from_header_or_body_is_echoed(cluster: Endpoints, model_name
 
 
 def test_metrics_are_exported(cluster: Endpoints, client: OpenAI, model_name: str) -> None:
-    import time
 
     client.chat.completions.create(
         model=model_name, messages=[{"role": "user", "content": "Hi"}], max_tokens=4

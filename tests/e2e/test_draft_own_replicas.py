@@ -65,7 +65,9 @@ def test_a_draft_request_is_served_by_a_draft_replica(
     assert [model.id for model in client.models.list()] == [main, draft]
 
     engines = httpx.get(own_draft_cluster.health_url, timeout=30).json()["engines"]
-    replicas = {role: {e["replica"] for e in engines if e["role"] == role} for role in ("main", "draft")}
+    replicas = {
+        role: {e["replica"] for e in engines if e["role"] == role} for role in ("main", "draft")
+    }
     assert replicas["main"] and replicas["draft"] and not replicas["main"] & replicas["draft"]
 
     for model, role in ((draft, "draft"), (main, "main")):

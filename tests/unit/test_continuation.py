@@ -14,12 +14,12 @@ from cluster.store.tool_state import LocalToolStateStore
 from deployments.continuation import (
     Continuation,
     StreamRound,
+    TurnContext,
     continuation_possible,
     declared_hosted_tools,
     next_round_body,
     round_messages,
     summed_usage,
-    TurnContext,
 )
 from toolworkers.execution import ToolExecutor
 from toolworkers.registry import ToolRegistry
@@ -281,9 +281,7 @@ CALL = {
 }
 
 
-def _continuation(
-    create: Any, body: dict[str, Any], turn_ends: list[str | None]
-) -> Continuation:
+def _continuation(create: Any, body: dict[str, Any], turn_ends: list[str | None]) -> Continuation:
     config = ToolsConfig(hosted=[HostedToolConfig(function="toolworkers.hosted_tools:calculator")])
     registry = ToolRegistry.from_config(config)
 
@@ -360,7 +358,9 @@ def test_a_streamed_turn_shows_the_executed_round_then_the_answer() -> None:
     messages = executed[0][EXTENSION_FIELD]["executed_messages"]
     assert messages[1]["content"] == "42"
     contents = [
-        e["choices"][0]["delta"].get("content") for e in events if isinstance(e, dict) and e.get("choices")
+        e["choices"][0]["delta"].get("content")
+        for e in events
+        if isinstance(e, dict) and e.get("choices")
     ]
     assert "42." in contents
     assert all(e["id"] == "chatcmpl-abc" for e in events if isinstance(e, dict))

@@ -45,7 +45,11 @@ def test_a_reply_and_its_extension() -> None:
 
 def test_streamed_calls_are_reassembled_from_their_deltas() -> None:
     chunks = [
-        {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f"}}]}}]},
+        {
+            "choices": [
+                {"delta": {"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f"}}]}}
+            ]
+        },
         {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"a"'}}]}}]},
         {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}}]},
     ]
@@ -62,6 +66,8 @@ def test_only_chunks_with_call_fragments_are_parsed() -> None:
     deltas.feed_sse("data: {not json, and no call fragment\n\n")
     assert not deltas
     deltas.feed_sse(
-        sse_event({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"name": "g"}}]}}]})
+        sse_event(
+            {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"name": "g"}}]}}]}
+        )
     )
     assert deltas.calls() == [ModelToolCall("", "g", "")]
