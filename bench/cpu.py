@@ -32,27 +32,20 @@ class CpuUse:
         return {"cpu_total_s": self.total_s, "cpu_engine_s": self.engine_s}
 
 
-def _name(process: psutil.Process) -> str:
-    """The process's title (vLLM and Ray name theirs), else its program's name."""
+def _identify(process: psutil.Process) -> tuple[str, bool]:
+    """The process's title (vLLM and Ray name theirs), else its program's name;
+    and whether it is one of vLLM's engine processes."""
     try:
         command: list[str] = process.cmdline()
         name: str = process.name()
     except psutil.Error:
-        return "?"
+        return "?", False
     if command and not command[0].startswith("/") and " " not in command[0]:
-        return command[0]
-    if len(command) > 2 and command[1] == "-m":
-        return f"{name} -m {command[2]}"
-    return name
-
-
-def _is_engine(process: psutil.Process, name: str) -> bool:
-    if name.startswith(ENGINE_TITLES):
-        return True
-    try:
-        return ENGINE_SPAWN_MARK in " ".join(process.cmdline())
-    except psutil.Error:
-        return False
+        name = command[0]
+    elif len(command) > 2 and command[1] == "-m":
+        name = f"{name} -m {command[2]}"
+    engine = name.startswith(ENGINE_TITLES) or ENGINE_SPAWN_MARK in " ".join(command)
+    return name, engine
 
 
 class ProcessTreeCpu:
@@ -84,8 +77,8 @@ class ProcessTreeCpu:
                 continue
             times[process.pid] = cpu.user + cpu.system
             # A process titles itself a while after it starts: read it every time.
-            self._names[process.pid] = _name(process)
-            if _is_engine(process, self._names[process.pid]):
+            self._names[process.pid], engine = _identify(process)
+            if engine:
                 self._engine_pids.add(process.pid)
         return times
 

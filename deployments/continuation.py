@@ -54,6 +54,9 @@ class TurnContext:
 
     tenant: str
     execute_tools: bool
+    wants_calls: bool = False
+    """A streamed reply ends with a `ReplyTail` of its calls (the ingress is settling
+    a speculation against them); otherwise nobody reads them."""
 
 
 def continuation_possible(body: dict[str, Any]) -> bool:

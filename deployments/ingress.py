@@ -320,12 +320,16 @@ class OpenAIIngress:
         body["request_id"] = body.get("request_id") or uuid.uuid4().hex
         owner = ResponseOwner(f"chatcmpl-{body['request_id']}", tenant, program_id)
         await self._response_owners.record(owner, self._tools_config.cache.response_owner_ttl_s)
-        turn = TurnContext(tenant=tenant, execute_tools=options.execute_tools)
         to_draft = self._draft_model is not None and body.get("model") == self._draft_model
         speculation = (
             None
             if to_draft
             else self._speculator.start(body, program_id, tenant, launch=options.execute_tools)
+        )
+        turn = TurnContext(
+            tenant=tenant,
+            execute_tools=options.execute_tools,
+            wants_calls=speculation is not None,
         )
 
         try:

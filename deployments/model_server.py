@@ -216,7 +216,7 @@ class ModelServer:
         self, body: dict[str, Any], turn: TurnContext | None = None
     ) -> AsyncIterator[ReplyHead | str | ReplyTail]:
         """Serve one chat completion; yields a ReplyHead, then, if streaming, SSE
-        chunks and a ReplyTail.
+        chunks and, when the turn wants its calls, a ReplyTail.
         With a `turn` allowing it, tool calls the server can answer are answered
         and the turn continues here (deployments/continuation.py)."""
         if self._state is not EngineState.READY or self._serving_chat is None:
@@ -267,16 +267,20 @@ class ModelServer:
         if continuation is not None:
             async for chunk in continuation.stream(result, client_wants_usage):
                 yield chunk
-            yield ReplyTail(continuation.calls_made)
+            if turn is not None and turn.wants_calls:
+                yield ReplyTail(continuation.calls_made)
             return
-        calls = ToolCallDeltas()
+        wants_calls = turn is not None and turn.wants_calls
+        calls = ToolCallDeltas() if tracked or wants_calls else None
         async for chunk in result:
-            calls.feed_sse(chunk)
+            if calls is not None:
+                calls.feed_sse(chunk)
             yield chunk
-        made = calls.calls()
+        made = calls.calls() if calls is not None else []
         if tracked:
             self._turn_ended(program_id, made[0].name if made else None)
-        yield ReplyTail(made)
+        if wants_calls:
+            yield ReplyTail(made)
 
     async def _answer_as_draft(self, body: dict[str, Any]) -> AsyncIterator[ReplyHead | str]:
         """A request for the draft's name served by this main engine: a prediction,
