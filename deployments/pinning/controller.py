@@ -26,6 +26,7 @@ class ReleaseReason(enum.StrEnum):
     EXPIRY = "expiry"
     PROGRAM_END = "program_end"
     PRESSURE = "pressure"
+    REPRICED = "repriced"
     MOVED = "moved"
 
 
@@ -265,15 +266,49 @@ class PinningController:
                 program.awaiting_return = False
                 self.cost_model.observe_tool_duration(program.tool, math.inf)
 
-    def latest_arrived_pin(self) -> Pin | None:
-        return max(self._pins.values(), key=lambda pin: pin.program_arrival, default=None)
+    def latest_arrived_pin(self, arrived_after: float | None = None) -> Pin | None:
+        """The pin of the latest-arrived program, among those that arrived after
+        `arrived_after` when it is given."""
+        candidates = (
+            pin
+            for pin in self._pins.values()
+            if arrived_after is None or pin.program_arrival > arrived_after
+        )
+        return max(candidates, key=lambda pin: pin.program_arrival, default=None)
 
-    def relieve_pressure(self) -> list[Pin]:
-        """Release the pin of the latest-arrived program (memory is short)."""
-        victim = self.latest_arrived_pin()
+    def relieve_pressure(self, arrived_after: float | None = None) -> list[Pin]:
+        """Release the pin of the latest-arrived program (memory is short). With
+        `arrived_after`, only a program that arrived after that time may lose its
+        pin: a waiting turn never waits for a later program's pin."""
+        victim = self.latest_arrived_pin(arrived_after)
         if victim is None:
             return []
         return self._release(victim.program_id, ReleaseReason.PRESSURE)
+
+    def first_arrival(self, program_id: str) -> float | None:
+        program = self._programs.get(program_id)
+        return program.first_arrival if program is not None else None
+
+    def reprice(self, now: float, holding_costs: dict[str, float]) -> list[Pin]:
+        """Memory pressure changed: set each reported pin's TTL again with its
+        holding cost now (`holding_costs` by program), releasing those whose new
+        expiry has passed. A pin whose program is already back is left alone."""
+        released: list[Pin] = []
+        for program_id, pin in list(self._pins.items()):
+            if pin.tool is None or program_id not in holding_costs or self._is_back(program_id):
+                continue
+            holding_cost = holding_costs[program_id]
+            expires_at = pin.created_at + self.cost_model.ttl(pin.tool, pin.tokens, holding_cost)
+            if expires_at == pin.expires_at:
+                continue
+            if expires_at <= now:
+                released += self._release(program_id, ReleaseReason.REPRICED)
+                continue
+            pin.expires_at = expires_at
+            self._ledger_changes.append(
+                LedgerChange(program_id, pin.expires_at, pin.tokens, pin.tool)
+            )
+        return released
 
     def release_all(self, reason: ReleaseReason = ReleaseReason.PROGRAM_END) -> list[Pin]:
         return [pin for program_id in list(self._pins) for pin in self._release(program_id, reason)]

@@ -1,5 +1,6 @@
 """vLLM scheduler extension: keeps a finished turn's hashed KV blocks referenced
-while the program's tool runs, and orders waiting requests by program arrival.
+while the program's tool runs, orders waiting requests by program arrival, and
+unpins later programs when the waiting head cannot get its blocks.
 
 Loaded by name inside the EngineCore process (`scheduler_cls`); the policy lives
 in `PinningController`, this module only takes and drops block references.
@@ -26,6 +27,7 @@ from deployments.pinning.ttl_policy import PrefillProfile, TtlCostModel, displac
 logger = logging.getLogger("toolserve.pinning.scheduler")
 
 _PINNABLE = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED})
+_ADMISSIBLE = frozenset({RequestStatus.WAITING, RequestStatus.PREEMPTED})
 
 
 class PinningSchedulerMixin:
@@ -54,6 +56,7 @@ class PinningSchedulerMixin:
             max_tracked_programs=settings.max_tracked_programs,
         )
         self._awaiting_admission: dict[str, str] = {}
+        self._repriced_for: str | None = None
         self._ledger = (
             LedgerPublisher(settings.redis_url, settings.replica_id)
             if settings.redis_url and settings.mode != "off"
@@ -76,10 +79,11 @@ class PinningSchedulerMixin:
         self._release(self._pinning.expire(now))
         # Running requests need a fresh block now and then; pins must not make them
         # preempt each other.
-        while self._pinning.pinned_blocks and self._block_pool.get_num_free_blocks() < len(
-            base.running
-        ):
-            self._release(self._pinning.relieve_pressure())
+        running_reserve = len(base.running)
+        self._unpin_until_free(running_reserve)
+        head = self._waiting_head()
+        if head is not None:
+            self._admit(head, running_reserve, now)
         output: SchedulerOutput = super().schedule(*args, **kwargs)  # type: ignore[misc]
         for new_request in output.scheduled_new_reqs:
             program_id = self._awaiting_admission.pop(new_request.req_id, None)
@@ -90,25 +94,79 @@ class PinningSchedulerMixin:
                 self._release(self._pinning.on_admitted(program_id, now, cached))
         if output.preempted_req_ids:
             self._release(self._pinning.relieve_pressure())
-        if output.total_num_scheduled_tokens == 0 and base.waiting:
-            self._make_room_for(base.waiting.peek_request())
+        head = self._waiting_head()
+        if output.total_num_scheduled_tokens == 0 and head is not None:
+            # Nothing could run: earlier programs' pins go too, latest first.
+            self._unpin_until_free(self._blocks_to_admit(head))
         self._publish()
         return output
 
-    def _make_room_for(self, request: Request) -> None:
-        """Nothing could run: unpin the latest-arrived programs until the head fits."""
+    def _waiting_head(self) -> Request | None:
+        """The request vLLM admits next, unless requests holding blocks come first."""
         base: Scheduler = self
-        needed = math.ceil((request.num_tokens + 1) / base.block_size)
-        while self._pinning.pinned_blocks and self._block_pool.get_num_free_blocks() < needed:
-            self._release(self._pinning.relieve_pressure())
+        if base.kv_holding_waiting or not base.waiting:
+            return None
+        head = base.waiting.peek_request()
+        return head if head.status in _ADMISSIBLE else None
 
-    def _holding_cost(self, program_id: str) -> float:
+    def _admit(self, head: Request, running_reserve: int, now: float) -> None:
+        """Continuum's admission rule: when the head cannot get its blocks, programs
+        that arrived after it lose their pins, latest first; pins of earlier
+        programs are priced again at the pressure the head adds."""
+        if self._block_pool.get_num_free_blocks() >= running_reserve + self._blocks_of(head):
+            return  # fits without counting its cached blocks
+        needed = running_reserve + self._blocks_to_admit(head)
+        if self._block_pool.get_num_free_blocks() >= needed:
+            return
+        arrival = self._program_arrival(head)
+        self._unpin_until_free(needed, arrived_after=arrival)
+        if (
+            self._block_pool.get_num_free_blocks() < needed
+            and head.request_id != self._repriced_for
+        ):
+            self._repriced_for = head.request_id
+            waiting_blocks = self._waiting_blocks()
+            holding_costs = {
+                pin.program_id: self._holding_cost(pin.program_id, waiting_blocks)
+                for pin in self._pinning.pins
+            }
+            self._release(self._pinning.reprice(now, holding_costs))
+
+    def _program_arrival(self, request: Request) -> float:
+        first_arrival = (
+            self._pinning.first_arrival(request.session_id) if request.session_id else None
+        )
+        return request.arrival_time if first_arrival is None else first_arrival
+
+    def _blocks_of(self, request: Request) -> int:
+        """Blocks of the request's whole context and one more token."""
         base: Scheduler = self
+        per_group: int = math.ceil((request.num_tokens + 1) / base.block_size)
+        return per_group * len(base.kv_cache_config.kv_cache_groups)
+
+    def _blocks_to_admit(self, request: Request) -> int:
+        """Free blocks the request takes: all of its blocks less the cached ones
+        others hold already (cached blocks nobody holds count among the free)."""
+        base: Scheduler = self
+        computed, _, _ = base.kv_cache_manager.get_computed_blocks(request)
+        held = sum(1 for group in computed.blocks for block in group if block.ref_cnt > 0)
+        return self._blocks_of(request) - held
+
+    def _unpin_until_free(self, blocks: int, arrived_after: float | None = None) -> None:
+        while self._pinning.pinned_blocks and self._block_pool.get_num_free_blocks() < blocks:
+            released = self._pinning.relieve_pressure(arrived_after)
+            if not released:
+                return
+            self._release(released)
+
+    def _waiting_blocks(self) -> int:
+        base: Scheduler = self
+        return sum(math.ceil(request.num_tokens / base.block_size) for request in base.waiting)
+
+    def _holding_cost(self, program_id: str, waiting_blocks: int | None = None) -> float:
         return displaced_share(
             free_blocks=self._block_pool.get_num_free_blocks(),
-            waiting_blocks=sum(
-                math.ceil(request.num_tokens / base.block_size) for request in base.waiting
-            ),
+            waiting_blocks=self._waiting_blocks() if waiting_blocks is None else waiting_blocks,
             own_blocks=self._pinning.pinned_blocks_of(program_id),
         )
 

@@ -279,6 +279,47 @@ def test_returning_turns_overtake_newer_programs(
     assert order[0] == "old", finish_order
 
 
+def test_an_earlier_programs_turn_is_admitted_past_later_programs_pins(
+    pinned_engine: Engine, event_loop_runner: asyncio.AbstractEventLoop
+) -> None:
+    finish_order: list[str] = []
+    early, later = f"early-{uuid.uuid4().hex[:6]}", [f"later-{index}" for index in range(2)]
+
+    async def blocker(decoding: asyncio.Event) -> None:
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=900, ignore_eos=True, temperature=0)
+        async for _ in pinned_engine.engine.generate(
+            {"prompt_token_ids": tokens(64, 80)}, params, request_id=uuid.uuid4().hex
+        ):
+            decoding.set()
+        finish_order.append("blocker")
+
+    async def scenario() -> None:
+        context, _ = await pinned_engine.turn(tokens(128, 81), early)  # pins 2 blocks
+        await pinned_engine.control("turn_ended", early, "tool")
+        for seed, program in enumerate(later, start=82):  # 15 blocks each: the cap is full
+            await pinned_engine.turn(tokens(960, seed), program)
+            await pinned_engine.control("turn_ended", program, "tool")
+        decoding = asyncio.Event()
+        running = asyncio.create_task(blocker(decoding))
+        await decoding.wait()
+        # 37 blocks: more than the pins and the decoding request leave free, less
+        # than the later programs' pins give back.
+        await pinned_engine.turn(context + tokens(2200, 84), early, max_tokens=4)
+        finish_order.append("early")
+        await running
+        for program in [early, *later]:
+            await pinned_engine.control("end_program", program)
+
+    before = run(event_loop_runner, pinned_engine.control("stats"))
+    run(event_loop_runner, scenario())
+    after = run(event_loop_runner, pinned_engine.control("stats"))
+    # Without the admission rule the turn waits for the decoding request's blocks.
+    assert finish_order == ["early", "blocker"]
+    assert after["releases"].get("pressure", 0) > before["releases"].get("pressure", 0)
+
+
 @pytest.fixture(scope="module")
 def stock_engine(
     event_loop_runner: asyncio.AbstractEventLoop, cache_dir: Path, pinned_engine: Engine

@@ -141,6 +141,48 @@ def test_pressure_releases_the_latest_arrived_program_first() -> None:
     assert pins.take_stats().releases == {"pressure": 2}
 
 
+def test_a_waiting_turn_releases_only_pins_of_programs_that_arrived_after_it() -> None:
+    pins = controller()
+    for arrival, program in enumerate(["first", "second", "third"]):
+        pins.on_arrival(program, float(arrival))
+        finish_turn(pins, program, 10.0)
+    released = [pin.program_id for pin in pins.relieve_pressure(arrived_after=1.0)]
+    assert released == ["third"]
+    assert pins.relieve_pressure(arrived_after=1.0) == []
+    assert pins.first_arrival("second") == 1.0
+    assert {pin.program_id for pin in pins.pins} == {"first", "second"}
+
+
+def test_repricing_under_new_pressure_shortens_pins_and_ends_those_past_due() -> None:
+    pins = controller()
+    for _ in range(2):
+        pins.cost_model.observe_tool_duration("ls", 5.0)
+    pins.cost_model.observe_queueing_delay_without_kv(20.0)
+    for arrival, program in enumerate(["cheap", "dear", "unreported", "back"]):
+        pins.on_arrival(program, float(arrival))
+        pins.on_finished(program, blocks(4, program), 256, 10.0, False)
+        if program != "unreported":
+            pins.on_turn_ended(program, "ls", 10.0, holding_cost=0.0)
+    # Nobody waits: the longest TTL; the unreported turn keeps the fixed one.
+    expiries = {pin.program_id: pin.expires_at for pin in pins.pins}
+    assert expiries == {"cheap": 40.0, "dear": 40.0, "unreported": 12.0, "back": 40.0}
+    pins.on_arrival("back", 11.0)
+    pins.take_ledger_changes()
+
+    costs = {"cheap": 1.0, "dear": 5.0, "unreported": 5.0, "back": 5.0}
+    released = pins.reprice(12.0, costs)
+
+    # cheap: 1.0 * 20 s saved - 5 s held pays at TTL 5 s; dear: holding 5 s costs 25 s.
+    assert [pin.program_id for pin in released] == ["dear"]
+    expiries = {pin.program_id: pin.expires_at for pin in pins.pins}
+    assert expiries == {"cheap": 15.0, "unreported": 12.0, "back": 40.0}
+    assert pins.take_ledger_changes() == [
+        LedgerChange("cheap", 15.0, 256, "ls"),
+        LedgerChange("dear", None),
+    ]
+    assert pins.take_stats().releases == {"repriced": 1}
+
+
 def test_cap_displaces_later_programs_and_refuses_when_only_earlier_ones_pin() -> None:
     pins = controller(total_blocks=20, max_pinned_fraction=0.5)  # 10 blocks for pins
     pins.on_arrival("early", 0.0)
