@@ -16,6 +16,7 @@ from bench.metrics import (
     mean_tool_latency_by_program,
     time_saved_by_tool_latency,
 )
+from bench.workloads.hot_path import ADDED
 
 PLOTS = {
     "jct_cdf": "jct_cdf.png",
@@ -321,6 +322,49 @@ def _peer_report(summary: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _hot_path(summary: dict[str, Any]) -> list[str]:
+    systems = {
+        name: figures["hot_path"]
+        for name, figures in summary["systems"].items()
+        if figures.get("hot_path")
+    }
+    if not systems:
+        return []
+    names = list(next(iter(systems.values())))
+    lines = [
+        "## Hot path",
+        "",
+        "Each figure's mean over the rounds (latencies in ms at p50 and p99 of each phase: "
+        "`sequential` one at a time, `cN` with N in flight, `streamed` one at a time; "
+        "`ttft` the streamed phase's first token; requests/s of the concurrent phases; CPU "
+        "ms per request of the serving processes and of the engine).",
+        "",
+        "| figure | " + " | ".join(systems) + " |",
+        "|---|" + "---|" * len(systems),
+    ]
+    for name in names:
+        cells = [_format(figures[name]["mean"], "", 1) for figures in systems.values()]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for entry in summary["comparisons"]:
+        comparison = entry.get("hot_path")
+        if not comparison:
+            continue
+        lines += [
+            "",
+            f"{entry['system']} against {entry['reference']}, round by round: latencies as "
+            "milliseconds added (negative: faster), other figures as the system's over the "
+            "reference's, with 95% Student-t intervals over the rounds.",
+            "",
+            "| figure | added ms or ratio [95% CI] | per round |",
+            "|---|---|---|",
+        ]
+        for name, value in comparison.items():
+            unit = " ms" if value["kind"] == ADDED else "x"
+            per_round = " / ".join(f"{figure:.2f}" for figure in value["per_round"])
+            lines.append(f"| {name} | {format_interval(value, unit, 2)} | {per_round} |")
+    return [*lines, ""]
+
+
 def _work(summary: dict[str, Any]) -> list[str]:
     rows = {
         name: figures["work"] for name, figures in summary["systems"].items() if figures.get("work")
@@ -431,6 +475,7 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         "",
         *_comparisons(summary),
         *_peer_report(summary),
+        *_hot_path(summary),
         *_work(summary),
         *_client_stalls(summary),
         *_memory_pressure(summary),

@@ -16,6 +16,7 @@ import yaml
 
 from bench.cpu import CpuUse, ProcessTreeCpu
 from bench.driver import ClientStall, ProgramRecord, RequestRecord, RunResult, run_workload
+from bench.hot_path import run_hot_path
 from bench.metrics import (
     BASELINE,
     ENGINE_COUNTERS,
@@ -41,7 +42,7 @@ from bench.systems import (
     system_catalog,
     with_overrides,
 )
-from bench.workloads import Size, WorkloadPlan, plan_workload
+from bench.workloads import Size, WorkloadPlan, hot_path, plan_workload
 from cluster.config import REPO_ROOT, ToolserveConfig, load_config
 
 Log = Callable[[str], None]
@@ -110,8 +111,9 @@ class ArmRun:
     work: dict[str, float | None]
     cpu: CpuUse
     kv_cache_tokens: int | None
-    peer_figures: dict[str, float] = field(default_factory=dict)
-    """The peer benchmark's own summary of the run (AIPerf's report), if one ran."""
+    run_figures: dict[str, float] = field(default_factory=dict)
+    """The run's figures of its own: AIPerf's report where AIPerf drove the load,
+    the phases' figures of the hot path."""
 
 
 @dataclass
@@ -297,30 +299,42 @@ def _run_arm(
         metrics_before = scrape_metrics(endpoint.metrics_url)
         cpu = ProcessTreeCpu(process.pid)
         cpu.start()
+        run_figures: dict[str, float] = {}
         try:
-            result: RunResult = (
-                run_aiperf(
-                    plan.peer.model_copy(update={"seed": options.seed}),
-                    endpoint.base_url,
-                    settings.served_model_name,
-                    settings.model_path,
-                    run_dir / "aiperf" / tag,
-                    label,
-                    round_index,
-                )
-                if plan.peer
-                else asyncio.run(
-                    run_workload(
-                        plan.build(options.seed),
+            if plan.hot_path:
+                result, run_figures = asyncio.run(
+                    run_hot_path(
+                        plan.hot_path,
                         endpoint.base_url,
                         settings.served_model_name,
                         label,
                         round_index,
-                        options.show_progress,
-                        draft_model=draft if spec.client_speculation else None,
                     )
                 )
-            )
+            else:
+                result = (
+                    run_aiperf(
+                        plan.peer.model_copy(update={"seed": options.seed}),
+                        endpoint.base_url,
+                        settings.served_model_name,
+                        settings.model_path,
+                        run_dir / "aiperf" / tag,
+                        label,
+                        round_index,
+                    )
+                    if plan.peer
+                    else asyncio.run(
+                        run_workload(
+                            plan.build(options.seed),
+                            endpoint.base_url,
+                            settings.served_model_name,
+                            label,
+                            round_index,
+                            options.show_progress,
+                            draft_model=draft if spec.client_speculation else None,
+                        )
+                    )
+                )
         finally:
             cpu_use = cpu.stop()
         time.sleep(_METRICS_SETTLE_S)
@@ -346,7 +360,11 @@ def _run_arm(
         work=engine_work(metrics_before, metrics_after),
         cpu=cpu_use,
         kv_cache_tokens=kv_cache_size_tokens(metrics_after),
-        peer_figures=aiperf_report_figures(run_dir / "aiperf" / tag) if plan.peer else {},
+        run_figures=(
+            aiperf_report_figures(run_dir / "aiperf" / tag)
+            if plan.peer
+            else run_figures | _cpu_per_request(plan, result, cpu_use)
+        ),
     )
     arm.runs.append(arm_run)
     (run_dir / "logs" / f"{tag}.cpu.json").write_text(
@@ -411,13 +429,26 @@ def _work(arm: ArmRuns) -> dict[str, Any]:
     )
 
 
+def _cpu_per_request(plan: WorkloadPlan, result: RunResult, cpu_use: CpuUse) -> dict[str, float]:
+    if not plan.hot_path:
+        return {}
+    return hot_path.cpu_figures(len(result.requests), cpu_use.total_s, cpu_use.engine_s)
+
+
+def _run_figures_by_round(arm: ArmRuns, rounds: int) -> list[dict[str, float]]:
+    by_round: list[dict[str, float]] = [{} for _ in range(rounds)]
+    for run in arm.runs:
+        by_round[run.round] = run.run_figures
+    return by_round
+
+
 def _peer_figure_by_round(arm: ArmRuns, rounds: int, name: str) -> list[dict[str, float]]:
     """A peer report's figure per round, shaped as one program per round for
     `paired_ratio`: the ratio of two arms is then taken round by round."""
     by_round: list[dict[str, float]] = [{} for _ in range(rounds)]
     for run in arm.runs:
-        if name in run.peer_figures:
-            by_round[run.round]["run"] = run.peer_figures[name]
+        if name in run.run_figures:
+            by_round[run.round]["run"] = run.run_figures[name]
     return by_round
 
 
@@ -456,6 +487,8 @@ def summarize(
     reference_system: str | None = None,
 ) -> dict[str, Any]:
     rounds = len(orders)
+    hot_path_config = plan_workload(options.workload, options.size).hot_path
+    hot_path_figures = hot_path.figure_names(hot_path_config) if hot_path_config else []
     baseline = runs.get(BASELINE)
     baseline_jct = mean_jct_by_program(baseline.programs) if baseline else None
     systems: dict[str, Any] = {}
@@ -480,8 +513,13 @@ def summarize(
             "intervals": _intervals(arm, rounds, options.seed),
             "work": _work(arm),
             **(
-                {"aiperf": _by_round(arm, list(AIPERF_FIGURES), lambda run: run.peer_figures)}
-                if any(run.peer_figures for run in arm.runs)
+                {"aiperf": _by_round(arm, list(AIPERF_FIGURES), lambda run: run.run_figures)}
+                if not hot_path_config and any(run.run_figures for run in arm.runs)
+                else {}
+            ),
+            **(
+                {"hot_path": _by_round(arm, hot_path_figures, lambda run: run.run_figures)}
+                if hot_path_config
                 else {}
             ),
         }
@@ -503,6 +541,12 @@ def summarize(
         )
         if peer:
             entry["aiperf_request_latency_mean"] = peer.as_json()
+        if hot_path_config:
+            entry["hot_path"] = hot_path.compare(
+                _run_figures_by_round(runs[reference], rounds),
+                _run_figures_by_round(runs[label], rounds),
+                hot_path_figures,
+            )
         comparisons.append(entry)
     capacity = next(
         (run.kv_cache_tokens for arm in runs.values() for run in arm.runs if run.kv_cache_tokens),

@@ -143,12 +143,22 @@ class PairedRatio:
 def round_ratio_interval(per_round: Sequence[float]) -> Interval | None:
     """Geometric mean of per-round ratios with a 95% Student-t interval on their
     logarithms; None for fewer than two rounds."""
+    logs = mean_interval(np.log(np.asarray(per_round, dtype=float)).tolist())
+    if logs is None:
+        return None
+    return Interval(math.exp(logs.estimate), math.exp(logs.low), math.exp(logs.high))
+
+
+def mean_interval(per_round: Sequence[float]) -> Interval | None:
+    """Mean of per-round values (e.g. differences) with a 95% Student-t interval;
+    None for fewer than two rounds."""
     if len(per_round) < 2:
         return None
-    logs = np.log(np.asarray(per_round, dtype=float))
-    centre = float(logs.mean())
-    half_width = t_quantile_975(len(logs) - 1) * float(logs.std(ddof=1)) / math.sqrt(len(logs))
-    return Interval(math.exp(centre), math.exp(centre - half_width), math.exp(centre + half_width))
+    values = np.asarray(per_round, dtype=float)
+    centre = float(values.mean())
+    spread = float(values.std(ddof=1)) / math.sqrt(len(values))
+    half_width = t_quantile_975(len(values) - 1) * spread
+    return Interval(centre, centre - half_width, centre + half_width)
 
 
 def paired_ratio(

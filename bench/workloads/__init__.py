@@ -10,6 +10,7 @@ from bench.workloads.aiperf import AiperfWorkload
 from bench.workloads.bfcl import BfclConfig, generate_bfcl
 from bench.workloads.codegen import CodegenConfig, generate_codegen
 from bench.workloads.distributions import Distribution
+from bench.workloads.hot_path import HotPathConfig
 from bench.workloads.program import AgentProgram
 from bench.workloads.speculation import (
     RecordsTaskConfig,
@@ -45,6 +46,9 @@ class WorkloadPlan:
     peer: AiperfWorkload | None = None
     """Conversations AIPerf sends instead of this harness's programs (`build` is
     then empty)."""
+    hot_path: HotPathConfig | None = None
+    """Phases of one-token completions sent instead of programs (`build` is then
+    empty)."""
 
 
 def _quick_profile_turns(mean: float) -> Distribution:
@@ -216,6 +220,36 @@ def _aiperf_multi_turn(size: Size) -> WorkloadPlan:
     )
 
 
+def _hot_path(size: Size) -> WorkloadPlan:
+    config = (
+        HotPathConfig(
+            sequential_requests=30, concurrency=(8, 32), requests_per_phase=64, streamed_requests=20
+        )
+        if size == "quick"
+        else HotPathConfig(
+            sequential_requests=100,
+            concurrency=(8, 32, 128),
+            requests_per_phase=256,
+            streamed_requests=50,
+        )
+    )
+    return WorkloadPlan(
+        name="hot-path",
+        size=size,
+        description=(
+            f"the serving layer's cost per request: {config.sequential_requests} one-token "
+            f"completions one at a time, {config.requests_per_phase} with "
+            + ", ".join(str(c) for c in config.concurrency)
+            + f" in flight, {config.streamed_requests} streamed one at a time (time to "
+            "first token); no tools, no session"
+        ),
+        build=lambda seed: [],
+        kv_cache_mib=128,
+        max_model_len=2048,
+        hot_path=config,
+    )
+
+
 WORKLOADS: dict[str, Callable[[Size], WorkloadPlan]] = {
     "many-agent": _many_agent,
     "bugfix-6": lambda size: _workflow("bugfix-6", size),
@@ -224,6 +258,7 @@ WORKLOADS: dict[str, Callable[[Size], WorkloadPlan]] = {
     "codegen": _codegen,
     "speculation": _speculation,
     "aiperf-multi-turn": _aiperf_multi_turn,
+    "hot-path": _hot_path,
 }
 
 

@@ -15,6 +15,8 @@ import pytest
 from bench.report import PLOTS
 from bench.stats import round_orders
 from bench.systems import default_systems
+from bench.workloads import plan_workload
+from bench.workloads.hot_path import figure_names, phases
 from cluster.config import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
@@ -107,3 +109,39 @@ def test_quick_benchmark_on_the_tiny_model(tmp_path: Path) -> None:
     for name in QUICK_SYSTEMS:
         assert f"| {name} |" in report
     assert _server_processes() == before, "a system outlived the benchmark"
+
+
+def test_hot_path_benchmark_on_the_tiny_model(tmp_path: Path) -> None:
+    systems = ["stock-vllm", "toolserve"]
+    command = [
+        sys.executable, "-m", "cluster.launch.cli", "bench", "--workload", "hot-path", "--quick",
+        "--systems", ",".join(systems), "--model", "embedded:tiny-random-llama",
+        "--output", str(tmp_path), "--name", "hot", "--no-progress", "--allow-dirty",
+    ]  # fmt: skip
+    finished = subprocess.run(
+        command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, check=False
+    )
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    summary = json.loads((tmp_path / "hot" / "summary.json").read_text())
+    config = plan_workload("hot-path", "quick").hot_path
+    assert config is not None
+    names = figure_names(config)
+    for name in systems:
+        figures = summary["systems"][name]
+        assert figures["failed_programs"] == 0, (name, figures)
+        assert figures["programs"] == len(phases(config))
+        for figure in names:
+            assert figures["hot_path"][figure]["mean"] > 0, (name, figure)
+    (comparison,) = summary["comparisons"]
+    assert set(comparison["hot_path"]) == set(names)
+    records = [
+        json.loads(line) for line in (tmp_path / "hot" / "records.jsonl").read_text().splitlines()
+    ]
+    requests = [r for r in records if r["kind"] == "request" and r["system"] == "toolserve"]
+    expected = (
+        config.sequential_requests
+        + config.requests_per_phase * len(config.concurrency)
+        + config.streamed_requests
+    )
+    assert len(requests) == expected and not any(r["error"] for r in requests)
+    assert "## Hot path" in (tmp_path / "hot" / "report.md").read_text()

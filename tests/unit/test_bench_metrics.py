@@ -580,7 +580,7 @@ def test_a_peer_benchmarks_own_report_is_shown_and_compared_by_round(tmp_path: P
                         jct,
                         round_index=round_index,
                     ),
-                    peer_figures={
+                    run_figures={
                         "request_latency_ms": latency,
                         "request_latency_p90_ms": 2 * latency,
                         "time_to_first_token_ms": 100.0,
@@ -608,3 +608,45 @@ def test_a_peer_benchmarks_own_report_is_shown_and_compared_by_round(tmp_path: P
     assert "## AIPerf's own report" in report
     assert "| toolserve | 425 ms | 850 ms | 100 ms | 40.0 ms | 30.0 |" in report
     assert "| toolserve | stock-vllm | 2.00x [2.00, 2.00] | 2.00 / 2.00 | faster | 2.00x" in report
+
+
+def test_the_hot_path_is_shown_per_system_and_compared_as_added_latency_and_ratios(
+    tmp_path: Path,
+) -> None:
+    def arm(system: str, p50_ms: tuple[float, float], requests_per_s: float) -> ArmRuns:
+        return ArmRuns(
+            system,
+            [
+                replace(
+                    _arm_run([_program(system, "sequential", 5.0)], [], 5.0, round_index=index),
+                    run_figures={
+                        "sequential_p50_ms": p50,
+                        "c8_requests_per_s": requests_per_s,
+                        "serving_cpu_ms_per_request": 10.0,
+                    },
+                )
+                for index, p50 in enumerate(p50_ms)
+            ],
+        )
+
+    runs = {"stock-vllm": arm("stock-vllm", (60.0, 70.0), 20.0),
+            "toolserve": arm("toolserve", (64.0, 72.0), 19.0)}  # fmt: skip
+    options = replace(_options(tmp_path, list(runs), "hot-path"), repeats=2)
+    summary = summarize(
+        options, "hot path", _settings(), 128, [list(runs)] * 2, runs, _provenance(), 0
+    )
+    figures = summary["systems"]["toolserve"]["hot_path"]
+    assert figures["sequential_p50_ms"] == {"mean": 68.0, "per_round": [64.0, 72.0]}
+    assert figures["c32_p99_ms"] == {"mean": None, "per_round": [None, None]}
+    (comparison,) = summary["comparisons"]
+    added = comparison["hot_path"]["sequential_p50_ms"]
+    assert (added["kind"], added["per_round"]) == ("added_ms", [4.0, 2.0])
+    assert added["estimate"] == pytest.approx(3.0)
+    throughput = comparison["hot_path"]["c8_requests_per_s"]
+    assert (throughput["kind"], throughput["estimate"]) == ("ratio", pytest.approx(0.95))
+    assert "c32_p99_ms" not in comparison["hot_path"]
+    report = write_markdown(tmp_path, summary).read_text()
+    assert "## Hot path" in report
+    assert "| sequential_p50_ms | 65.0 | 68.0 |" in report
+    assert "| c8_requests_per_s | 0.95x [0.95, 0.95] | 0.95 / 0.95 |" in report
+    assert "| sequential_p50_ms | 3.00 ms [-9.71, 15.71] | 4.00 / 2.00 |" in report

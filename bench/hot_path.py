@@ -1,0 +1,178 @@
+"""Drives the hot-path workload (`bench/workloads/hot_path.py`) with the `openai`
+SDK: its phases one after another against one endpoint, every request recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from openai import APIError, AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
+
+from bench.driver import ProgramRecord, RequestRecord, RunResult
+from bench.workloads.hot_path import (
+    AGENT_TYPE,
+    SEQUENTIAL,
+    STREAMED,
+    HotPathConfig,
+    concurrent_phase,
+    latency_figures,
+    throughput_figure,
+)
+
+_REQUEST_TIMEOUT_S = 300.0
+_SYSTEM_PROMPT = "You are a terse assistant. Answer with one word."
+
+
+def _messages(index: int) -> list[ChatCompletionMessageParam]:
+    return [
+        {"role": "system", "content": _SYSTEM_PROMPT},
+        {"role": "user", "content": f"Question {index}: is {index} an even number?"},
+    ]
+
+
+class _Phase:
+    """One phase's requests and its record of them."""
+
+    def __init__(self, name: str, system: str, repeat: int, run_started: float):
+        self.name = name
+        self._system = system
+        self._repeat = repeat
+        self._run_started = run_started
+        self.requests: list[RequestRecord] = []
+        self.latencies_s: list[float] = []
+        self.first_token_s: list[float] = []
+
+    async def send(
+        self, index: int, request: Callable[[], Awaitable[tuple[int, int, float | None]]]
+    ) -> None:
+        sent = time.monotonic()
+        error: str | None = None
+        prompt_tokens = completion_tokens = 0
+        try:
+            prompt_tokens, completion_tokens, first_token = await request()
+        except APIError as failure:
+            error = f"{type(failure).__name__}: {failure}"[:500]
+        latency = time.monotonic() - sent
+        if error is None:
+            self.latencies_s.append(latency)
+            if first_token is not None:
+                self.first_token_s.append(first_token - sent)
+        self.requests.append(
+            RequestRecord(
+                system=self._system,
+                repeat=self._repeat,
+                program_id=self.name,
+                agent_type=AGENT_TYPE,
+                turn_index=index,
+                sent_s=sent - self._run_started,
+                latency_s=latency,
+                prompt_tokens=prompt_tokens,
+                cached_tokens=None,
+                completion_tokens=completion_tokens,
+                finish_reason=None,
+                tool_calls=0,
+                unusable_calls=0,
+                tool_latency_s=0.0,
+                error=error,
+            )
+        )
+
+    def record(self, started: float, finished: float) -> ProgramRecord:
+        failed = [request.error for request in self.requests if request.error]
+        return ProgramRecord(
+            system=self._system,
+            repeat=self._repeat,
+            program_id=self.name,
+            agent_type=AGENT_TYPE,
+            arrival_s=started - self._run_started,
+            finished_s=finished - self._run_started,
+            jct_s=finished - started,
+            turns=len(self.requests),
+            tool_time_s=0.0,
+            calls=0,
+            unusable_calls=0,
+            error=f"{len(failed)} failed requests, first: {failed[0]}" if failed else None,
+        )
+
+
+async def run_hot_path(
+    config: HotPathConfig, base_url: str, model: str, system: str, repeat: int
+) -> tuple[RunResult, dict[str, float]]:
+    """The run's records (one program per phase) and its figures."""
+    client = AsyncOpenAI(
+        base_url=base_url, api_key="toolserve-bench", max_retries=0, timeout=_REQUEST_TIMEOUT_S
+    )
+    next_index = 0
+
+    async def complete() -> tuple[int, int, float | None]:
+        nonlocal next_index
+        next_index += 1
+        reply = await client.chat.completions.create(
+            model=model, messages=_messages(next_index), max_tokens=1, temperature=0.0
+        )
+        usage = reply.usage
+        return (usage.prompt_tokens, usage.completion_tokens, None) if usage else (0, 0, None)
+
+    async def stream() -> tuple[int, int, float | None]:
+        nonlocal next_index
+        next_index += 1
+        first_token: float | None = None
+        chunks = await client.chat.completions.create(
+            model=model,
+            messages=_messages(next_index),
+            max_tokens=config.streamed_max_tokens,
+            temperature=0.0,
+            stream=True,
+        )
+        generated = 0
+        async for chunk in chunks:
+            if chunk.choices and chunk.choices[0].delta.content:
+                generated += 1
+                if first_token is None:
+                    first_token = time.monotonic()
+        return 0, generated, first_token
+
+    requests: list[RequestRecord] = []
+    programs: list[ProgramRecord] = []
+    figures: dict[str, float] = {}
+    try:
+        await complete()  # warm-up, outside the measurement
+        run_started = time.monotonic()
+
+        async def run_phase(
+            name: str,
+            count: int,
+            in_flight: int,
+            request: Callable[[], Awaitable[tuple[int, int, float | None]]],
+        ) -> _Phase:
+            phase = _Phase(name, system, repeat, run_started)
+            indices = iter(range(count))
+
+            async def client_loop() -> None:
+                for index in indices:  # shared: each loop takes the next index
+                    await phase.send(index, request)
+
+            started = time.monotonic()
+            await asyncio.gather(*(client_loop() for _ in range(in_flight)))
+            finished = time.monotonic()
+            requests.extend(phase.requests)
+            programs.append(phase.record(started, finished))
+            figures.update(latency_figures(name, phase.latencies_s))
+            if in_flight > 1:
+                figures.update(throughput_figure(name, len(phase.latencies_s), finished - started))
+            return phase
+
+        await run_phase(SEQUENTIAL, config.sequential_requests, 1, complete)
+        for in_flight in config.concurrency:
+            await run_phase(
+                concurrent_phase(in_flight), config.requests_per_phase, in_flight, complete
+            )
+        streamed = await run_phase(STREAMED, config.streamed_requests, 1, stream)
+        first_token = latency_figures("ttft", streamed.first_token_s)
+        figures.update(first_token)
+        wall = time.monotonic() - run_started
+    finally:
+        await client.close()
+    return RunResult(requests, programs, wall), figures
