@@ -20,7 +20,7 @@ import asyncio
 import copy
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -59,11 +59,9 @@ class TurnContext:
     a speculation against them); otherwise nobody reads them."""
 
 
-def continuation_possible(body: dict[str, Any]) -> bool:
+def continuation_possible(tools: Sequence[Any] | None, n: int | None, tool_choice: Any) -> bool:
     """Single-choice requests whose model may call tools."""
-    return (
-        bool(body.get("tools")) and body.get("n") in (None, 1) and body.get("tool_choice") != "none"
-    )
+    return bool(tools) and n in (None, 1) and tool_choice != "none"
 
 
 def _schema_identity(function: dict[str, Any]) -> tuple[Any, ...]:

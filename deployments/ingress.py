@@ -9,7 +9,8 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -36,6 +37,7 @@ from deployments.pinning.settings import LAST_STEP_ARG
 from deployments.speculator import SpeculationTurn, Speculator
 from deployments.tool_api import (
     PostedToolOutput,
+    TurnOptions,
     parse_tool_outputs,
     parse_tool_state,
     pop_turn_options,
@@ -44,6 +46,9 @@ from deployments.tool_api import (
 from toolworkers.cache_keys import ArgumentsError, normalized_arguments
 from toolworkers.predictor import ObservedCall
 from toolworkers.speculation import observed_calls, reply_calls
+
+if TYPE_CHECKING:
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
 SESSION_HEADER = "X-Session-ID"
 ONESHOT_PREFIX = "oneshot-"
@@ -88,12 +93,9 @@ def program_id_for(header_value: str | None, body: dict[str, Any]) -> str:
     return header_value or body_value or ONESHOT_PREFIX + uuid.uuid4().hex
 
 
-def mark_last_step(body: dict[str, Any]) -> None:
+def mark_last_step(request: ChatCompletionRequest) -> None:
     """Tells the engine this turn is its program's last: nothing to pin after it."""
-    extra_args = body.get("vllm_xargs")
-    if not isinstance(extra_args, dict):
-        extra_args = body["vllm_xargs"] = {}
-    extra_args[LAST_STEP_ARG] = 1
+    request.vllm_xargs = (request.vllm_xargs or {}) | {LAST_STEP_ARG: 1}
 
 
 def _validation_message(error: ValidationError) -> str:
@@ -132,7 +134,18 @@ def _check_messages(messages: Any) -> None:
             )
 
 
-def parse_chat_body(raw: bytes, served_models: list[str]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ParsedChat:
+    """A chat completion body, its `toolserve` options taken out."""
+
+    body: dict[str, Any]
+    """The JSON body (what the speculator reads)."""
+    request: ChatCompletionRequest
+    """The same body validated, once: what crosses to the model replica."""
+    options: TurnOptions
+
+
+def parse_chat_body(raw: bytes, served_models: list[str]) -> ParsedChat:
     """Decode and validate a chat completion body; raises RequestRejected with a 4xx."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.exceptions import VLLMClientError
@@ -149,13 +162,14 @@ def parse_chat_body(raw: bytes, served_models: list[str]) -> dict[str, Any]:
     if model is not None and model not in served_models:
         raise RequestRejected(model_not_found(str(model), served_models))
     _check_messages(body.get("messages"))
+    options = pop_turn_options(body)
     try:
-        ChatCompletionRequest.model_validate(body)
+        request = ChatCompletionRequest.model_validate(body)
     except ValidationError as error:
         raise RequestRejected(invalid_request(_validation_message(error))) from error
     except (ValueError, VLLMClientError) as error:
         raise RequestRejected(invalid_request(f"Invalid request: {error}")) from error
-    return body
+    return ParsedChat(body, request, options)
 
 
 async def _relay(
@@ -306,34 +320,32 @@ class OpenAIIngress:
         started = time.monotonic()
         route = "chat_completions"
         try:
-            body = parse_chat_body(await request.body(), self._model_names())
-            options = pop_turn_options(body)
-            program_id = program_id_for(request.headers.get(SESSION_HEADER), body)
+            parsed = parse_chat_body(await request.body(), self._model_names())
+            program_id = program_id_for(request.headers.get(SESSION_HEADER), parsed.body)
         except RequestRejected as rejected:
             self._count(route, rejected.error.status)
             return error_response(rejected.error)
-        body["session_id"] = program_id
+        chat = parsed.request
+        chat.session_id = program_id
         if program_id.startswith(ONESHOT_PREFIX):
-            mark_last_step(body)
+            mark_last_step(chat)
         headers = {SESSION_HEADER: program_id}
         tenant = tenant_of(request.headers.get("authorization"))
-        body["request_id"] = body.get("request_id") or uuid.uuid4().hex
-        owner = ResponseOwner(f"chatcmpl-{body['request_id']}", tenant, program_id)
+        owner = ResponseOwner(f"chatcmpl-{chat.request_id}", tenant, program_id)
         await self._response_owners.record(owner, self._tools_config.cache.response_owner_ttl_s)
-        to_draft = self._draft_model is not None and body.get("model") == self._draft_model
+        to_draft = self._draft_model is not None and chat.model == self._draft_model
+        execute_tools = parsed.options.execute_tools
         speculation = (
             None
             if to_draft
-            else self._speculator.start(body, program_id, tenant, launch=options.execute_tools)
+            else self._speculator.start(parsed.body, program_id, tenant, launch=execute_tools)
         )
         turn = TurnContext(
-            tenant=tenant,
-            execute_tools=options.execute_tools,
-            wants_calls=speculation is not None,
+            tenant=tenant, execute_tools=execute_tools, wants_calls=speculation is not None
         )
 
         try:
-            stream, head = await self._start_chat(body, program_id, turn, to_draft)
+            stream, head = await self._start_chat(chat, program_id, turn, to_draft)
         except Exception as error:
             self._settle(speculation, [])
             unavailable = engine_not_ready(f"model replica unavailable: {type(error).__name__}")
@@ -378,7 +390,7 @@ class OpenAIIngress:
             self._settle(speculation, observed_calls(made))
 
     async def _start_chat(
-        self, body: dict[str, Any], program_id: str, turn: TurnContext, to_draft: bool
+        self, chat: ChatCompletionRequest, program_id: str, turn: TurnContext, to_draft: bool
     ) -> tuple[DeploymentResponseGenerator, ReplyHead]:
         """Sends the turn to a main replica (chosen by the router from the program id),
         or a draft replica when the request names the draft model, and waits for
@@ -389,7 +401,7 @@ class OpenAIIngress:
         handle = deployment.options(stream=True, session_id=program_id)
         retries_left = _REPLICA_LOSS_RETRIES
         while True:
-            stream = handle.chat.remote(body, turn)
+            stream = handle.chat.remote(chat, turn)
             try:
                 head: ReplyHead = await stream.__anext__()
             except (RayActorError, ActorUnavailableError):

@@ -12,7 +12,6 @@ import contextlib
 import json
 import logging
 import os
-import uuid
 from argparse import Namespace
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from deployments.pinning.settings import LAST_STEP_ARG, EnginePinningSettings, c
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -213,46 +213,46 @@ class ModelServer:
             await self._engine.check_health()
 
     async def chat(
-        self, body: dict[str, Any], turn: TurnContext | None = None
+        self, request: ChatCompletionRequest, turn: TurnContext | None = None
     ) -> AsyncIterator[ReplyHead | str | ReplyTail]:
-        """Serve one chat completion; yields a ReplyHead, then, if streaming, SSE
-        chunks and, when the turn wants its calls, a ReplyTail.
+        """Serve one chat completion (validated by the caller); yields a ReplyHead,
+        then, if streaming, SSE chunks and, when the turn wants its calls, a ReplyTail.
         With a `turn` allowing it, tool calls the server can answer are answered
         and the turn continues here (deployments/continuation.py)."""
         if self._state is not EngineState.READY or self._serving_chat is None:
             yield ReplyHead(self._replica_id, streaming=False, error=engine_not_ready(self._detail))
             return
-        if body.get("model") in self._draft_names:
-            async for part in self._answer_as_draft(body):
+        if request.model in self._draft_names:
+            async for part in self._answer_as_draft(request):
                 yield part
             return
         continuing = bool(
             self._tools is not None
             and turn is not None
             and turn.execute_tools
-            and continuation_possible(body)
+            and continuation_possible(request.tools, request.n, request.tool_choice)
         )
-        client_wants_usage = _wants_usage(body)
-        if continuing:
-            body = dict(body, request_id=body.get("request_id") or uuid.uuid4().hex)
-            if body.get("stream"):
-                # Each round's usage counts against the request's token budget.
-                body["stream_options"] = dict(body.get("stream_options") or {}, include_usage=True)
-        result = await self._create(body)
+        client_wants_usage = bool(request.stream_options and request.stream_options.include_usage)
+        if continuing and request.stream:
+            # Each round's usage counts against the request's token budget.
+            request = _with_usage_reported(request)
+        result = await self._create(request)
         if isinstance(result, ApiError):
             yield ReplyHead(self._replica_id, streaming=False, error=result)
             return
-        program_id = body.get("session_id")
-        tracked = bool(self._pinning is not None and program_id and not _is_last_step(body))
+        program_id = request.session_id
+        tracked = bool(self._pinning is not None and program_id and not _is_last_step(request))
         continuation = None
         if continuing:
             assert turn is not None and self._tools is not None and self._tools_config is not None
             continuation = Continuation(
-                body,
+                # The rounds after the first are requests of their own, built from this.
+                request.model_dump(mode="json", exclude_unset=True)
+                | {"request_id": request.request_id},
                 turn,
                 self._tools,
                 self._tools_config.continuation,
-                self._create,
+                self._create_from_body,
                 (lambda tool: self._turn_ended(program_id, tool)) if tracked else None,
             )
         if not isinstance(result, AsyncIterator):
@@ -282,13 +282,14 @@ class ModelServer:
         if wants_calls:
             yield ReplyTail(made)
 
-    async def _answer_as_draft(self, body: dict[str, Any]) -> AsyncIterator[ReplyHead | str]:
+    async def _answer_as_draft(
+        self, request: ChatCompletionRequest
+    ) -> AsyncIterator[ReplyHead | str]:
         """A request for the draft's name served by this main engine: a prediction,
         not a turn of its program (neither pinned nor continued), answered under
         the name it asked for (vLLM names its first served model)."""
-        asked = str(body["model"])
-        body = {key: value for key, value in body.items() if key != "session_id"}
-        result = await self._create(body)
+        asked = str(request.model)
+        result = await self._create(request.model_copy(update={"session_id": None}))
         if isinstance(result, ApiError):
             yield ReplyHead(self._replica_id, streaming=False, error=result)
         elif not isinstance(result, AsyncIterator):
@@ -303,17 +304,25 @@ class ModelServer:
             async for chunk in result:
                 yield chunk.replace(served, renamed, 1)
 
-    async def _create(self, body: dict[str, Any]) -> Any:
+    async def _create_from_body(self, body: dict[str, Any]) -> Any:
+        """`_create` for a request the replica built itself (a continuation round)."""
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        try:
+            request = ChatCompletionRequest.model_validate(body)
+        except ValueError as error:  # pydantic's ValidationError is one
+            return ApiError.from_status(400, f"Invalid request: {error}", None)
+        return await self._create(request)
+
+    async def _create(self, request: ChatCompletionRequest) -> Any:
         """One request to the engine through vLLM's chat front end: a reply, an
         async iterator of SSE chunks, or an ApiError."""
-        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
         from vllm.entrypoints.serve.exception_handling.error_response import (
             create_error_response,
         )
 
         assert self._serving_chat is not None
-        request = ChatCompletionRequest.model_validate(body)
         try:
             result = await self._serving_chat.create_chat_completion(request, None)
         except Exception as error:
@@ -347,14 +356,16 @@ def _model_field(name: str) -> str:
     return json.dumps({"model": name}, separators=(",", ":"))[1:-1]
 
 
-def _wants_usage(body: dict[str, Any]) -> bool:
-    options = body.get("stream_options")
-    return isinstance(options, dict) and bool(options.get("include_usage"))
+def _with_usage_reported(request: ChatCompletionRequest) -> ChatCompletionRequest:
+    from vllm.entrypoints.generate.base.protocol import StreamOptions
+
+    options = request.stream_options or StreamOptions()
+    reported = options.model_copy(update={"include_usage": True})
+    return request.model_copy(update={"stream_options": reported})
 
 
-def _is_last_step(body: dict[str, Any]) -> bool:
-    extra_args = body.get("vllm_xargs")
-    return isinstance(extra_args, dict) and bool(extra_args.get(LAST_STEP_ARG))
+def _is_last_step(request: ChatCompletionRequest) -> bool:
+    return bool(request.vllm_xargs and request.vllm_xargs.get(LAST_STEP_ARG))
 
 
 def _current_local_rank() -> int:

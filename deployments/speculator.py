@@ -146,8 +146,11 @@ class Speculator:
             drafted = draft_predictions(reply)
             self._launch(self._policy.choose(drafted, declared), program_id, tenant, turn)
 
-    async def _ask_draft(self, request: dict[str, Any], program_id: str) -> dict[str, Any] | None:
+    async def _ask_draft(self, body: dict[str, Any], program_id: str) -> dict[str, Any] | None:
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
         assert self._draft is not None
+        request = ChatCompletionRequest.model_validate(body)
         # Routed with the program, so a draft served by the main replicas runs where
         # the conversation's prefix is cached.
         stream = self._draft.options(stream=True, session_id=program_id).chat.remote(request)

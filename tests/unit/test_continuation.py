@@ -59,15 +59,15 @@ def _events(chunks: list[str]) -> list[dict[str, Any] | str]:
 
 
 def test_single_choice_requests_whose_model_may_call_tools_continue() -> None:
-    assert continuation_possible(BODY)
-    assert continuation_possible(BODY | {"tool_choice": "auto", "n": 1})
-    assert continuation_possible(BODY | {"tool_choice": "required"})
-    assert continuation_possible(
-        BODY | {"tool_choice": {"type": "function", "function": {"name": "calculator"}}}
-    )
-    assert not continuation_possible(BODY | {"tool_choice": "none"})
-    assert not continuation_possible(BODY | {"n": 2})
-    assert not continuation_possible({key: v for key, v in BODY.items() if key != "tools"})
+    tools = BODY["tools"]
+    assert continuation_possible(tools, None, "auto")
+    assert continuation_possible(tools, 1, "auto")
+    assert continuation_possible(tools, 1, "required")
+    assert continuation_possible(tools, 1, {"type": "function", "function": {"name": "calculator"}})
+    assert not continuation_possible(tools, 1, "none")
+    assert not continuation_possible(tools, 2, "auto")
+    assert not continuation_possible(None, 1, "auto")
+    assert not continuation_possible([], 1, "auto")
 
 
 def test_round_messages_keep_call_order_and_ids() -> None:

@@ -24,14 +24,25 @@ def _chat(**fields: Any) -> dict[str, Any]:
     return {"model": MODELS[0], "messages": [{"role": "user", "content": "hi"}]} | fields
 
 
-def test_a_valid_body_passes_unchanged() -> None:
+def test_a_valid_body_passes_unchanged_and_validated_once() -> None:
     body = _chat(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="auto")
-    assert parse_chat_body(json.dumps(body).encode(), MODELS) == body
+    parsed = parse_chat_body(json.dumps(body).encode(), MODELS)
+    assert parsed.body == body
+    assert parsed.request.model == MODELS[0] and parsed.request.tool_choice == "auto"
+    assert [tool.function.name for tool in parsed.request.tools or []] == ["f"]
+    assert parsed.options.execute_tools
+
+
+def test_toolserve_options_are_taken_out_before_validation() -> None:
+    body = _chat(toolserve={"execute_tools": False})
+    parsed = parse_chat_body(json.dumps(body).encode(), MODELS)
+    assert parsed.options.execute_tools is False
+    assert "toolserve" not in parsed.body and not (parsed.request.model_extra or {})
 
 
 def test_model_may_be_omitted() -> None:
     body = {"messages": [{"role": "user", "content": "hi"}]}
-    assert parse_chat_body(json.dumps(body).encode(), MODELS) == body
+    assert parse_chat_body(json.dumps(body).encode(), MODELS).body == body
 
 
 @pytest.mark.parametrize(
@@ -119,12 +130,12 @@ def test_requests_without_a_program_are_their_programs_last_step() -> None:
     from deployments.pinning.settings import LAST_STEP_ARG
 
     assert program_id_for(None, {}).startswith(ONESHOT_PREFIX)
-    body: dict[str, Any] = {"vllm_xargs": {"other": 1}}
-    mark_last_step(body)
-    assert body["vllm_xargs"] == {"other": 1, LAST_STEP_ARG: 1}
-    bare: dict[str, Any] = {}
-    mark_last_step(bare)
-    assert bare["vllm_xargs"] == {LAST_STEP_ARG: 1}
+    with_arguments = parse_chat_body(json.dumps(_chat(vllm_xargs={"other": 1})).encode(), MODELS)
+    mark_last_step(with_arguments.request)
+    assert with_arguments.request.vllm_xargs == {"other": 1, LAST_STEP_ARG: 1}
+    bare = parse_chat_body(json.dumps(_chat()).encode(), MODELS)
+    mark_last_step(bare.request)
+    assert bare.request.vllm_xargs == {LAST_STEP_ARG: 1}
 
 
 def test_health_needs_a_ready_replica_of_every_role() -> None:
