@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import format_interval
+from bench.workloads.hot_path import ADDED
 
 BLOCK = re.compile(
     r"<!-- bench-table (?P<runs>[^>]*?) -->\n(?P<body>.*?)<!-- /bench-table -->", re.DOTALL
@@ -61,10 +62,19 @@ def bench_table(runs: Sequence[Path], root: Path = Path()) -> str:
         "| preemptions | CPU s | engine CPU s |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    hot_path = [
+        "| run | system | reference | hot-path figure | added ms or ratio [95% CI] | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
     for run_dir in runs:
         summary = _load(root / run_dir)
         run = _run_cell(run_dir, summary)
         for entry in summary["comparisons"]:
+            for figure, value in (entry.get("hot_path") or {}).items():
+                hot_path.append(
+                    f"| {run} | {entry['system']} | {entry['reference']} | {figure} "
+                    f"| {_hot_path_cell(value)} | {_hot_path_verdict(value)} |"
+                )
             ratio = entry["jct_mean"]
             comparisons.append(
                 f"| {run} | {entry['system']} | {entry['reference']} "
@@ -85,7 +95,27 @@ def bench_table(runs: Sequence[Path], root: Path = Path()) -> str:
                 f"| {_count(done, 'prompt_tokens_from_cache')} | {_count(done, 'preemptions')} "
                 f"| {_count(done, 'cpu_total_s')} | {_count(done, 'cpu_engine_s')} |"
             )
-    return "\n".join([*comparisons, "", *work]) + "\n"
+    tables = [*comparisons, "", *work]
+    if len(hot_path) > 2:
+        tables += ["", *hot_path]
+    return "\n".join(tables) + "\n"
+
+
+def _hot_path_cell(value: dict[str, Any]) -> str:
+    if value["kind"] == ADDED:
+        return format_interval(value, " ms", 1)
+    return format_interval(value, "x", 2)
+
+
+def _hot_path_verdict(value: dict[str, Any]) -> str:
+    """Whether the interval leaves out no difference (0 ms added, a ratio of 1)."""
+    low, high = value["low"], value["high"]
+    if low is None or high is None:
+        return "not resolved"
+    neutral = 0.0 if value["kind"] == ADDED else 1.0
+    if low <= neutral <= high:
+        return "not resolved"
+    return "above" if low > neutral else "below"
 
 
 def stale_blocks(markdown: str, root: Path) -> list[str]:

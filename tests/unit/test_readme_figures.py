@@ -109,3 +109,29 @@ def test_a_run_cut_short_cannot_be_cited(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="only 2 of its rounds"):
         bench_table([run], tmp_path)
+
+
+def test_a_hot_path_run_gets_its_own_table(tmp_path: Path) -> None:
+    run = Path("hot")
+    (tmp_path / run).mkdir()
+    summary = _summary(0.9)
+    summary["comparisons"][0]["hot_path"] = {  # type: ignore[index]
+        "sequential_p50_ms": {"kind": "added_ms", "estimate": 24.0, "low": 20.0, "high": 28.0,
+                              "per_round": [22.0, 24.0, 26.0]},
+        "c8_requests_per_s": {"kind": "ratio", "estimate": 0.9, "low": 0.8, "high": 1.05,
+                              "per_round": [0.85, 0.9, 0.95]},
+    }  # fmt: skip
+    (tmp_path / run / "summary.json").write_text(json.dumps(summary))
+    table = bench_table([run], tmp_path)
+    assert "| toolserve | stock-vllm | sequential_p50_ms | 24.0 ms [20.0, 28.0] | above |" in table
+    assert "| toolserve | stock-vllm | c8_requests_per_s | 0.90x [0.80, 1.05] | not resolved |" in (
+        table
+    )
+    assert "hot-path figure" not in bench_table([Path("bench/results/run-1")], _one_run(tmp_path))
+
+
+def _one_run(root: Path) -> Path:
+    run = root / "bench/results/run-1"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps(_summary(1.25)))
+    return root
