@@ -236,19 +236,24 @@ class ModelServer:
         if continuing and request.stream:
             # Each round's usage counts against the request's token budget.
             request = _with_usage_reported(request)
+        program_id = request.session_id
+        tracked = bool(self._pinning is not None and program_id and not _is_last_step(request))
+        # The rounds after the first are requests of their own, built from this one
+        # as the client sent it (vLLM's front end fills fields of a request it runs).
+        first_round = (
+            request.model_dump(mode="json", exclude_unset=True) | {"request_id": request.request_id}
+            if continuing
+            else None
+        )
         result = await self._create(request)
         if isinstance(result, ApiError):
             yield ReplyHead(self._replica_id, streaming=False, error=result)
             return
-        program_id = request.session_id
-        tracked = bool(self._pinning is not None and program_id and not _is_last_step(request))
         continuation = None
-        if continuing:
+        if first_round is not None:
             assert turn is not None and self._tools is not None and self._tools_config is not None
             continuation = Continuation(
-                # The rounds after the first are requests of their own, built from this.
-                request.model_dump(mode="json", exclude_unset=True)
-                | {"request_id": request.request_id},
+                first_round,
                 turn,
                 self._tools,
                 self._tools_config.continuation,
