@@ -3,19 +3,32 @@ programs and the scripted coding workflows."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from toolworkers.builtin_tools import openai_function_schema
+
+# A bound on each string argument: under a named tool choice the grammar then
+# closes the call; SmolLM2-135M otherwise writes one path or query until the
+# turn's token cap and never completes a call.
+MAX_ARGUMENT_CHARS = 40
+
+
+def _text(description: str | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string", "maxLength": MAX_ARGUMENT_CHARS}
+    return schema | ({"description": description} if description else {})
+
 
 LIST_FILES = openai_function_schema(
     "list_files",
     "List the files of the repository.",
-    {"type": "object", "properties": {"directory": {"type": "string"}}},
+    {"type": "object", "properties": {"directory": _text()}},
 )
 READ_FILE = openai_function_schema(
     "read_file",
     "Read a file of the repository.",
     {
         "type": "object",
-        "properties": {"path": {"type": "string", "description": "File path."}},
+        "properties": {"path": _text("File path.")},
         "required": ["path"],
     },
 )
@@ -24,7 +37,7 @@ SEARCH_CODE = openai_function_schema(
     "Search the repository for a symbol or text.",
     {
         "type": "object",
-        "properties": {"query": {"type": "string", "description": "What to look for."}},
+        "properties": {"query": _text("What to look for.")},
         "required": ["query"],
     },
 )
@@ -33,7 +46,7 @@ RUN_TESTS = openai_function_schema(
     "Run the test suite, or one test file.",
     {
         "type": "object",
-        "properties": {"target": {"type": "string", "description": "Test file or 'all'."}},
+        "properties": {"target": _text("Test file or 'all'.")},
         "required": ["target"],
     },
 )
@@ -43,9 +56,9 @@ EDIT_FILE = openai_function_schema(
     {
         "type": "object",
         "properties": {
-            "path": {"type": "string"},
+            "path": _text(),
             "line": {"type": "integer"},
-            "text": {"type": "string"},
+            "text": _text(),
         },
         "required": ["path", "line", "text"],
     },

@@ -67,7 +67,12 @@ class WorkflowConfig(BaseModel):
         default=Distribution(kind="lognormal", mean=0.5, sd=0.5, high=5),
         description="Seconds each tool takes.",
     )
-    call_max_tokens: int = Field(default=64, gt=0, description="Token cap of a tool turn.")
+    call_max_tokens: int = Field(
+        default=96,
+        gt=0,
+        description="Token cap of a tool turn: room for a call with two bounded strings "
+        "(`coding_tools.MAX_ARGUMENT_CHARS`).",
+    )
     answer_max_tokens: int = Field(default=64, gt=0, description="Token cap of the summary.")
 
 
