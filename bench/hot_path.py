@@ -50,6 +50,7 @@ class _Phase:
         sent = time.monotonic()
         error: str | None = None
         prompt_tokens = completion_tokens = 0
+        first_token: float | None = None
         try:
             prompt_tokens, completion_tokens, first_token = await request()
         except APIError as failure:

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from bench.cpu import CpuUse, ProcessTreeCpu
-from bench.driver import ClientStall, ProgramRecord, RequestRecord, RunResult, run_workload
+from bench.driver import ClientStall, ProgramRecord, RequestRecord, run_workload
 from bench.hot_path import run_hot_path
 from bench.metrics import (
     BASELINE,
@@ -348,6 +348,10 @@ def _run_arm(
         process.stop()
     (run_dir / "logs" / f"{tag}.metrics.txt").write_text(metrics_after)
     (run_dir / "logs" / f"{tag}.metrics-before.txt").write_text(metrics_before)
+    if plan.peer:
+        run_figures = aiperf_report_figures(run_dir / "aiperf" / tag)
+    elif plan.hot_path:
+        run_figures |= hot_path.cpu_figures(len(result.requests), cpu_use.total_s, cpu_use.engine_s)
     returning_turns = sum(request.turn_index > 0 for request in result.requests)
     arm_run = ArmRun(
         round=round_index,
@@ -360,11 +364,7 @@ def _run_arm(
         work=engine_work(metrics_before, metrics_after),
         cpu=cpu_use,
         kv_cache_tokens=kv_cache_size_tokens(metrics_after),
-        run_figures=(
-            aiperf_report_figures(run_dir / "aiperf" / tag)
-            if plan.peer
-            else run_figures | _cpu_per_request(plan, result, cpu_use)
-        ),
+        run_figures=run_figures,
     )
     arm.runs.append(arm_run)
     (run_dir / "logs" / f"{tag}.cpu.json").write_text(
@@ -429,12 +429,6 @@ def _work(arm: ArmRuns) -> dict[str, Any]:
     )
 
 
-def _cpu_per_request(plan: WorkloadPlan, result: RunResult, cpu_use: CpuUse) -> dict[str, float]:
-    if not plan.hot_path:
-        return {}
-    return hot_path.cpu_figures(len(result.requests), cpu_use.total_s, cpu_use.engine_s)
-
-
 def _run_figures_by_round(arm: ArmRuns, rounds: int) -> list[dict[str, float]]:
     by_round: list[dict[str, float]] = [{} for _ in range(rounds)]
     for run in arm.runs:
@@ -445,11 +439,10 @@ def _run_figures_by_round(arm: ArmRuns, rounds: int) -> list[dict[str, float]]:
 def _peer_figure_by_round(arm: ArmRuns, rounds: int, name: str) -> list[dict[str, float]]:
     """A peer report's figure per round, shaped as one program per round for
     `paired_ratio`: the ratio of two arms is then taken round by round."""
-    by_round: list[dict[str, float]] = [{} for _ in range(rounds)]
-    for run in arm.runs:
-        if name in run.run_figures:
-            by_round[run.round]["run"] = run.run_figures[name]
-    return by_round
+    return [
+        {"run": figures[name]} if name in figures else {}
+        for figures in _run_figures_by_round(arm, rounds)
+    ]
 
 
 def comparison_pairs(labels: Sequence[str]) -> list[tuple[str, str]]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import format_interval
+from bench.stats import Interval
 from bench.workloads.hot_path import ADDED
 
 BLOCK = re.compile(
@@ -109,13 +110,13 @@ def _hot_path_cell(value: dict[str, Any]) -> str:
 
 def _hot_path_verdict(value: dict[str, Any]) -> str:
     """Whether the interval leaves out no difference (0 ms added, a ratio of 1)."""
-    low, high = value["low"], value["high"]
-    if low is None or high is None:
+    if value["low"] is None or value["high"] is None:
         return "not resolved"
+    interval = Interval(value["estimate"], value["low"], value["high"])
     neutral = 0.0 if value["kind"] == ADDED else 1.0
-    if low <= neutral <= high:
+    if not interval.excludes(neutral):
         return "not resolved"
-    return "above" if low > neutral else "below"
+    return "above" if interval.low > neutral else "below"
 
 
 def stale_blocks(markdown: str, root: Path) -> list[str]:
