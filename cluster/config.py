@@ -331,8 +331,15 @@ class RayConfig(_Strict):
 class ServerConfig(_Strict):
     """The OpenAI-compatible HTTP endpoint."""
 
-    host: str = Field(default="127.0.0.1", description="Address the HTTP proxy binds.")
+    host: str = Field(default="127.0.0.1", description="Address the API binds.")
     port: int = Field(default=8000, ge=1, le=65535, description="HTTP port.")
+    ingress: Literal["direct", "proxy"] = Field(
+        default="direct",
+        description="How HTTP reaches the ingress replica. `direct`: the ingress "
+        "replica serves the API port itself (Ray Serve's direct ingress), one process "
+        "less on every request's path; a local Ray instance only. `proxy`: through "
+        "Serve's HTTP proxy, for a Ray cluster of several nodes (`ray.address`).",
+    )
     request_timeout_s: float = Field(
         default=600, gt=0, description="Longest a single API request may take."
     )
@@ -622,6 +629,15 @@ class ToolserveConfig(_Strict):
             self.draft.engine.served_model_name == self.main.engine.served_model_name
         ):
             raise ValueError("main and draft need different served_model_name values")
+        return self
+
+    @model_validator(mode="after")
+    def _direct_ingress_on_a_local_instance(self) -> ToolserveConfig:
+        if self.server.ingress == "direct" and self.ray.address is not None:
+            raise ValueError(
+                "server.ingress direct needs a local Ray instance (ray.address unset); "
+                "set server.ingress: proxy to join a Ray cluster"
+            )
         return self
 
     @model_validator(mode="after")

@@ -331,8 +331,9 @@ class OpenAIIngress:
             mark_last_step(chat)
         headers = {SESSION_HEADER: program_id}
         tenant = tenant_of(request.headers.get("authorization"))
-        owner = ResponseOwner(f"chatcmpl-{chat.request_id}", tenant, program_id)
-        await self._response_owners.record(owner, self._tools_config.cache.response_owner_ttl_s)
+        if chat.tools:  # a reply can only make calls, whose outputs come back, with tools
+            owner = ResponseOwner(f"chatcmpl-{chat.request_id}", tenant, program_id)
+            await self._response_owners.record(owner, self._tools_config.cache.response_owner_ttl_s)
         to_draft = self._draft_model is not None and chat.model == self._draft_model
         execute_tools = parsed.options.execute_tools
         speculation = (
@@ -489,7 +490,12 @@ class OpenAIIngress:
             ) from error
         if owner is None:
             raise RequestRejected(
-                ApiError(404, f"No response with id {response_id!r}", "not_found", "response_id")
+                ApiError(
+                    404,
+                    f"No response with id {response_id!r} to a request that declared tools",
+                    "not_found",
+                    "response_id",
+                )
             )
         if owner.tenant != tenant_of(request.headers.get("authorization")):
             raise RequestRejected(

@@ -95,17 +95,16 @@ class Speculator:
         """A turn declaring hosted tools: predicts its calls and, with `launch`,
         starts them in the background. Either way the turn is learned from
         once settled."""
-        if not self._config.enabled:
+        tools = body.get("tools")
+        if not self._config.enabled or not tools:
             return None
-        declared = declared_hosted_tools(
-            body.get("tools") or [], self._executor.registry.openai_schemas()
-        )
+        declared = declared_hosted_tools(tools, self._executor.registry.openai_schemas())
         if not declared:
             return None
         messages = body.get("messages") or []
         history = calls_in_history(messages)
         turn = SpeculationTurn(
-            agent=shared_prefix_key(body, 0) or "",
+            agent=shared_prefix_key(messages, tools, 0) or "",
             user_text=latest_user_text(messages),
             last_call=history[-1] if history else None,
         )

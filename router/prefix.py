@@ -10,10 +10,10 @@ from typing import Any
 _INSTRUCTION_ROLES = ("system", "developer")
 
 
-def shared_prefix_key(body: dict[str, Any], min_chars: int) -> str | None:
-    """A digest of the request's shared prefix, or None when it is too short to be
-    worth co-locating programs for (or absent)."""
-    messages = body.get("messages")
+def shared_prefix_key(messages: Any, tools: Any, min_chars: int) -> str | None:
+    """A digest of a request's shared prefix (its messages and its tools' JSON
+    schemas), or None when it is too short to be worth co-locating programs for
+    (or absent)."""
     if not isinstance(messages, list):
         return None
     instructions = []
@@ -21,7 +21,7 @@ def shared_prefix_key(body: dict[str, Any], min_chars: int) -> str | None:
         if not isinstance(message, dict) or message.get("role") not in _INSTRUCTION_ROLES:
             break
         instructions.append(message.get("content"))
-    prefix = {"instructions": instructions, "tools": body.get("tools") or []}
+    prefix = {"instructions": instructions, "tools": tools or []}
     canonical = json.dumps(prefix, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     if len(canonical) < min_chars:
         return None

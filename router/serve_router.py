@@ -51,6 +51,16 @@ class _RouterMetrics:
         )
 
 
+def _prefix_key_of(request: Any, min_chars: int) -> str | None:
+    """The shared-prefix key of the typed chat request the ingress sends
+    (`ChatCompletionRequest`: its messages are dicts, its tools pydantic models)."""
+    tools = [
+        tool if isinstance(tool, dict) else tool.model_dump(mode="json", exclude_none=True)
+        for tool in getattr(request, "tools", None) or []
+    ]
+    return shared_prefix_key(getattr(request, "messages", None), tools, min_chars)
+
+
 class _Booking(NamedTuple):
     replica_id: str
     program_id: str
@@ -105,11 +115,9 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
         loads = {replica_id: self._in_flight[replica_id] for replica_id in self._open(by_id)}
         metadata = pending_request.metadata
         program_id = metadata.session_id or metadata.internal_request_id
-        body = pending_request.args[0] if pending_request.args else {}
-        prefix_key = (
-            shared_prefix_key(body, self._config.min_prefix_chars)
-            if isinstance(body, dict)
-            else None
+        prefix_key = _prefix_key_of(
+            pending_request.args[0] if pending_request.args else None,
+            self._config.min_prefix_chars,
         )
         pinned = await self._pinned_replica(program_id)
         decision = self._policy.choose(

@@ -13,9 +13,25 @@ import httpx
 from cluster.config import ToolserveConfig
 from cluster.launch.redis_server import RedisServer, ensure_redis
 from cluster.models import resolve_model
+from cluster.net import free_port
 from cluster.signals import stop_on_signals
 
 Log = Callable[[str], None]
+
+
+def direct_ingress_environment(api_port: int) -> dict[str, str]:
+    """Ray Serve's direct ingress on a local instance: the ingress replica itself
+    listens on the API port."""
+    return {
+        "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(api_port),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(api_port + 1),  # exclusive
+        # Serve holds a released port back, and lets a stopping ingress linger, so
+        # that an external load balancer can deregister it; there is none here, and
+        # a restarted ingress replica must take the API port back at once.
+        "RAY_SERVE_PORT_QUARANTINE_S": "0",
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
+    }
 
 
 class ClusterStartError(RuntimeError):
@@ -79,6 +95,15 @@ class LocalCluster:
         self._log(
             "ray: starting" if config.ray.address is None else f"ray: joining {config.ray.address}"
         )
+        proxy_port = config.server.port
+        for name, value in direct_ingress_environment(config.server.port).items():
+            if config.server.ingress == "direct":
+                os.environ[name] = value
+            else:  # an earlier cluster of this process may have set it
+                os.environ.pop(name, None)
+        if config.server.ingress == "direct":
+            # Serve still starts its proxy; nothing is sent to it.
+            proxy_port = free_port()
         ray.init(
             # "local": never join whichever Ray instance this machine started last.
             address=config.ray.address or "local",
@@ -93,7 +118,7 @@ class LocalCluster:
         serve.start(
             http_options={
                 "host": config.server.host,
-                "port": config.server.port,
+                "port": proxy_port,
                 "request_timeout_s": config.server.request_timeout_s,
             }
         )
@@ -164,7 +189,7 @@ def _health_summary(health_url: str, wanted_replicas: dict[str, int]) -> str:
     try:
         response = httpx.get(health_url, timeout=15)
     except httpx.HTTPError as error:
-        return f"waiting for HTTP proxy ({type(error).__name__})"
+        return f"waiting for the API ({type(error).__name__})"
     if response.status_code == 404:
         return "waiting for the application"
     try:

@@ -1,50 +1,52 @@
-"""An engine that is not serving answers 503 with an OpenAI-style body."""
+"""An engine that is not serving answers 503 with an OpenAI-style body; here
+behind Serve's HTTP proxy (`server.ingress: proxy`, the multi-node setting)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from ray import serve
 
-from cluster.config import ToolserveConfig
-from cluster.launch.launcher import Endpoints
-from deployments.app import build_application
+from cluster.config import load_config
+from cluster.launch.launcher import ClusterStartError, LocalCluster
+from cluster.net import free_port
 
-pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("healthy_after")]
-
-BROKEN_APP = "broken"
+pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture()
-def broken_app_root(
-    cluster: Endpoints, cluster_config: ToolserveConfig, tmp_path: Path
-) -> Iterator[str]:
-    """A second application whose engine cannot load: its model directory is missing."""
-    missing_model = str(tmp_path / "no-model-here")
-    main = cluster_config.main.model_copy(
-        update={"engine": cluster_config.main.engine.model_copy(update={"model": missing_model})}
+@pytest.fixture(scope="module")
+def broken_api_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A cluster whose engine cannot load (its model directory is missing), left
+    running after its start reported the failure."""
+    config = load_config()
+    missing_model = str(tmp_path_factory.mktemp("broken") / "no-model-here")
+    main = config.main.model_copy(
+        update={"engine": config.main.engine.model_copy(update={"model": missing_model})}
     )
-    config = cluster_config.model_copy(update={"name": BROKEN_APP, "main": main, "draft": None})
-    serve.run(
-        build_application(config, missing_model, None, cluster.redis_url),
-        name=BROKEN_APP,
-        route_prefix=f"/{BROKEN_APP}",
+    config = config.model_copy(
+        update={
+            "name": "broken",
+            "main": main,
+            "draft": None,
+            "draft_placement": "own_replicas",
+            "server": config.server.model_copy(update={"port": free_port(), "ingress": "proxy"}),
+            "ray": config.ray.model_copy(update={"metrics_export_port": free_port()}),
+        }
     )
+    cluster = LocalCluster(config, log=lambda line: print(f"[broken] {line}"))
     try:
-        yield cluster.api_base.removesuffix("/v1") + f"/{BROKEN_APP}"
+        with pytest.raises(ClusterStartError, match="failed"):
+            cluster.start()
+        yield f"http://127.0.0.1:{config.server.port}"
     finally:
-        serve.delete(BROKEN_APP)
+        cluster.stop()
 
 
-def test_requests_to_an_engine_that_failed_to_load_get_503(
-    broken_app_root: str, model_name: str
-) -> None:
+def test_requests_to_an_engine_that_failed_to_load_get_503(broken_api_root: str) -> None:
     response = httpx.post(
-        f"{broken_app_root}/v1/chat/completions",
-        json={"model": model_name, "messages": [{"role": "user", "content": "hi"}]},
+        f"{broken_api_root}/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}]},
         timeout=60,
     )
     assert response.status_code == 503, response.text
@@ -53,6 +55,6 @@ def test_requests_to_an_engine_that_failed_to_load_get_503(
     assert error["type"] == "service_unavailable_error"
     assert error["message"]
 
-    health = httpx.get(f"{broken_app_root}/health", timeout=60)
+    health = httpx.get(f"{broken_api_root}/health", timeout=60)
     assert health.status_code == 503
     assert health.json()["error"]["code"] == "engine_not_ready"

@@ -156,3 +156,15 @@ def test_replicas_bind_cores_by_their_node_local_rank() -> None:
     assert main.cpu_binding(0) == main.cpu_binding(3) == main.cpu_threads_bind
     split = main.model_copy(update={"cpu_threads_bind_by_local_rank": ["0", "1"]})
     assert [split.cpu_binding(rank) for rank in range(3)] == ["0", "1", "0"]
+
+
+def test_direct_ingress_needs_a_local_ray_instance() -> None:
+    main = ModelDeploymentConfig(engine=_engine())
+    assert ToolserveConfig(name="x", main=main).server.ingress == "direct"
+    with pytest.raises(ValidationError, match=r"server\.ingress: proxy"):
+        ToolserveConfig(name="x", main=main, ray={"address": "auto"})
+    joined = ToolserveConfig(
+        name="x", main=main, ray={"address": "auto"}, server={"ingress": "proxy"}
+    )
+    assert joined.server.ingress == "proxy"
+    assert load_config("gpu-llama-3.1-8b.yaml").server.ingress == "proxy"

@@ -279,14 +279,30 @@ SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 10}
 
 
 def test_shared_prefix_is_instructions_and_tools() -> None:
-    first = {"messages": [SYSTEM, {"role": "user", "content": "fix bug 1"}], "tools": TOOLS}
-    second = {"messages": [SYSTEM, {"role": "user", "content": "fix bug 2"}], "tools": TOOLS}
-    key = shared_prefix_key(first, min_chars=100)
-    assert key is not None and key == shared_prefix_key(second, min_chars=100)
+    first = [SYSTEM, {"role": "user", "content": "fix bug 1"}]
+    second = [SYSTEM, {"role": "user", "content": "fix bug 2"}]
+    key = shared_prefix_key(first, TOOLS, min_chars=100)
+    assert key is not None and key == shared_prefix_key(second, TOOLS, min_chars=100)
     reordered_tools = [{"function": {"parameters": {"type": "object"}, "name": "read_file"},
                         "type": "function"}]  # fmt: skip
-    assert shared_prefix_key(second | {"tools": reordered_tools}, min_chars=100) == key
+    assert shared_prefix_key(second, reordered_tools, min_chars=100) == key
     other_tools = [{"type": "function", "function": {"name": "search"}}]
-    assert shared_prefix_key(first | {"tools": other_tools}, min_chars=100) != key
-    assert shared_prefix_key(first, min_chars=100_000) is None
-    assert shared_prefix_key({"messages": "nonsense"}, min_chars=1) is None
+    assert shared_prefix_key(first, other_tools, min_chars=100) != key
+    assert shared_prefix_key(first, TOOLS, min_chars=100_000) is None
+    assert shared_prefix_key("nonsense", TOOLS, min_chars=1) is None
+
+
+def test_the_router_keys_the_typed_request_the_ingress_sends() -> None:
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    from router.serve_router import _prefix_key_of
+
+    def typed(user: str) -> ChatCompletionRequest:
+        return ChatCompletionRequest.model_validate(
+            {"model": "m", "messages": [SYSTEM, {"role": "user", "content": user}], "tools": TOOLS}
+        )
+
+    key = _prefix_key_of(typed("fix bug 1"), min_chars=100)
+    assert key is not None and key == _prefix_key_of(typed("fix bug 2"), min_chars=100)
+    assert key == shared_prefix_key([SYSTEM], TOOLS, min_chars=100)
+    assert _prefix_key_of(None, min_chars=1) is None
