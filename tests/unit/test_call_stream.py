@@ -1,0 +1,176 @@
+"""The streaming tool-call parser: events as the text decides them, the same
+events however the stream is split."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from toolworkers.call_stream import (
+    ArgumentCompleted,
+    ArgumentGrowing,
+    CallClosed,
+    CallEvent,
+    CallMalformed,
+    CallStarted,
+    streaming_call_parser,
+)
+
+
+def hermes(name: str, arguments: Any, ensure_ascii: bool = False) -> str:
+    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=ensure_ascii)
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+def parse(pieces: list[str]) -> list[CallEvent]:
+    parser = streaming_call_parser("hermes")
+    events: list[CallEvent] = []
+    for piece in pieces:
+        events += parser.feed(piece)
+    return events + parser.finish()
+
+
+def merged(events: list[CallEvent]) -> list[CallEvent]:
+    """Consecutive growth of one argument as one event (how much text each event
+    carries depends on where the stream was split)."""
+    out: list[CallEvent] = []
+    for event in events:
+        last = out[-1] if out else None
+        if (
+            isinstance(event, ArgumentGrowing)
+            and isinstance(last, ArgumentGrowing)
+            and (last.index, last.name) == (event.index, event.name)
+        ):
+            out[-1] = ArgumentGrowing(event.index, event.name, last.text + event.text)
+        else:
+            out.append(event)
+    return out
+
+
+def test_a_call_is_reported_field_by_field_as_it_streams() -> None:
+    parser = streaming_call_parser("hermes")
+    assert parser.feed("Let me look. <tool_") == []
+    assert parser.feed('call>\n{"name": "read_file", "argu') == [CallStarted(0, "read_file")]
+    assert parser.feed('ments": {"path": "src/ma') == [ArgumentGrowing(0, "path", "src/ma")]
+    assert parser.feed('in.py", "lines": 4') == [
+        ArgumentGrowing(0, "path", "in.py"),
+        ArgumentCompleted(0, "path", "src/main.py"),
+    ]
+    assert parser.feed("0}}\n</tool") == [ArgumentCompleted(0, "lines", 40)]
+    assert parser.feed("_call>") == [
+        CallClosed(0, "read_file", {"path": "src/main.py", "lines": 40})
+    ]
+    assert parser.finish() == []
+
+
+def test_two_calls_in_one_reply_with_text_around_them() -> None:
+    text = "First " + hermes("a", {"x": [1, {"y": None}]}) + " then " + hermes("b", {}) + " done"
+    assert merged(parse([text])) == [
+        CallStarted(0, "a"),
+        ArgumentCompleted(0, "x", [1, {"y": None}]),
+        CallClosed(0, "a", {"x": [1, {"y": None}]}),
+        CallStarted(1, "b"),
+        CallClosed(1, "b", {}),
+    ]
+
+
+def test_escapes_unicode_and_surrogate_pairs_grow_decoded() -> None:
+    value = 'say "hi"\\n\tnaïve 😀 </tool_call-ish>'
+    for ensure_ascii in (True, False):
+        text = hermes("echo", {"text": value}, ensure_ascii)
+        events = parse(list(text))  # every character its own delta
+        grown = "".join(e.text for e in events if isinstance(e, ArgumentGrowing))
+        assert grown == value
+        assert events[-1] == CallClosed(0, "echo", {"text": value})
+
+
+def test_arguments_before_the_name_are_reported_once_the_name_is_known() -> None:
+    text = '<tool_call>{"arguments": {"n": 1}, "name": "f"}</tool_call>'
+    assert parse([text]) == [
+        CallStarted(0, "f"),
+        ArgumentCompleted(0, "n", 1),
+        CallClosed(0, "f", {"n": 1}),
+    ]
+
+
+def test_a_last_call_never_closed_is_read_to_the_end_of_the_reply() -> None:
+    assert parse(['<tool_call>{"name": "f", "arguments": {"n": 12}}'])[-1] == CallClosed(
+        0, "f", {"n": 12}
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ('<tool_call>{"name": "f", "arguments": {"n": }}</tool_call>', "not JSON"),
+        ('<tool_call>{"name": "f", "arguments": {"n": 1</tool_call>', "the call closed before"),
+        ('<tool_call>{"name": "f", "arguments": {"n": "a\nb"}}</tool_call>', "control character"),
+        ('<tool_call>{"name": "f", "arguments": {}} extra</tool_call>', "after the JSON"),
+        ('<tool_call>{"name": "f", "arguments": [1]}</tool_call>', "not an object"),
+        ('<tool_call>{"arguments": {}}</tool_call>', "string `name`"),
+        ('<tool_call>{"name": "f", "arguments": {"s": "\\x"}}</tool_call>', "invalid escape"),
+        ('<tool_call>{"name": "f", "arguments": {"n": tru}}</tool_call>', "invalid literal"),
+        ('<tool_call>["f"]</tool_call>', "string `name`"),
+    ],
+)
+def test_malformed_calls_are_reported_and_the_stream_goes_on(text: str, reason: str) -> None:
+    events = parse(list(text + " " + hermes("next", {"ok": True})))
+    malformed = [event for event in events if isinstance(event, CallMalformed)]
+    assert len(malformed) == 1 and reason in malformed[0].reason and malformed[0].index == 0
+    assert events[-1] == CallClosed(1, "next", {"ok": True})
+
+
+def test_a_call_cut_off_by_the_end_of_the_reply_is_malformed() -> None:
+    events = parse(['<tool_call>{"name": "f", "arguments": {"n": "ab'])
+    assert events == [
+        CallStarted(0, "f"),
+        ArgumentGrowing(0, "n", "ab"),
+        CallMalformed(0, "the reply ended before its JSON did"),
+    ]
+
+
+def test_unknown_formats_name_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="known: hermes"):
+        streaming_call_parser("mistral")
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3)
+    ),
+    max_leaves=8,
+)
+calls = st.lists(
+    st.tuples(st.text(min_size=1, max_size=8), st.dictionaries(st.text(max_size=6), json_values)),
+    min_size=1,
+    max_size=2,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(calls=calls, prose=st.text(max_size=10), ensure_ascii=st.booleans(), data=st.data())
+def test_any_split_of_a_stream_gives_the_events_of_the_whole(
+    calls: list[tuple[str, dict[str, Any]]], prose: str, ensure_ascii: bool, data: st.DataObject
+) -> None:
+    text = prose.replace("<", "") + "".join(
+        hermes(name, arguments, ensure_ascii) + prose.replace("<", "") for name, arguments in calls
+    )
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=12)))
+    pieces = [text[start:end] for start, end in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    whole = merged(parse([text]))
+    assert merged(parse(pieces)) == whole
+    closed = [event for event in whole if isinstance(event, CallClosed)]
+    assert [(event.name, event.arguments) for event in closed] == calls
+    for index, (_, arguments) in enumerate(calls):
+        for key, value in arguments.items():
+            if isinstance(value, str) and value:
+                assert ArgumentGrowing(index, key, value) in whole
