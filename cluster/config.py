@@ -606,6 +606,13 @@ class ToolserveConfig(_Strict):
         "instead of a second engine competing for the same cores (only the draft's "
         "`served_model_name` is used then).",
     )
+    main_placement: Literal["own_replicas", "ingress"] = Field(
+        default="own_replicas",
+        description="Where the main model runs. `own_replicas`: a deployment of its own, "
+        "whose replicas the session router picks per turn. `ingress`: inside the ingress "
+        "replica, one main replica then, called directly: a turn makes no Ray call "
+        "between ingress and model, and there is nothing to route.",
+    )
     redis: RedisConfig = Field(default_factory=RedisConfig, description="Cluster state store.")
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster.")
     server: ServerConfig = Field(default_factory=ServerConfig, description="HTTP endpoint.")
@@ -629,6 +636,15 @@ class ToolserveConfig(_Strict):
             self.draft.engine.served_model_name == self.main.engine.served_model_name
         ):
             raise ValueError("main and draft need different served_model_name values")
+        return self
+
+    @model_validator(mode="after")
+    def _main_in_the_ingress_is_one_replica(self) -> ToolserveConfig:
+        if self.main_placement == "ingress" and self.main.num_replicas != 1:
+            raise ValueError(
+                "main_placement ingress runs one main replica; set main.num_replicas: 1 "
+                "or main_placement: own_replicas"
+            )
         return self
 
     @model_validator(mode="after")

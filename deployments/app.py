@@ -10,7 +10,7 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
 from cluster.config import ModelDeploymentConfig, RoutingConfig, ToolserveConfig
-from deployments.ingress import OpenAIIngress
+from deployments.ingress import ModelServerArgs, OpenAIIngress
 from deployments.model_server import ModelServer
 from toolworkers.workers import ToolWorker
 
@@ -18,6 +18,14 @@ MAIN_DEPLOYMENT = "main-model"
 DRAFT_DEPLOYMENT = "draft-model"
 INGRESS_DEPLOYMENT = "openai-ingress"
 TOOL_WORKERS_DEPLOYMENT = "tool-workers"
+
+# A replica holding an engine: a dead engine fails its health check; a stopping
+# one gets time to end its engine's requests.
+_MODEL_HEALTH: dict[str, Any] = {
+    "health_check_period_s": 10,
+    "health_check_timeout_s": 30,
+    "graceful_shutdown_timeout_s": 20,
+}
 
 _RAY_ROUTERS = {
     "power_of_two": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
@@ -48,6 +56,29 @@ def request_router_config(
     )
 
 
+def _model_server_args(
+    deployment: ModelDeploymentConfig,
+    resolved_model: str,
+    role: str,
+    config: ToolserveConfig,
+    redis_url: str,
+    deployment_id: str,
+    tool_workers: Application | None,
+) -> tuple[Any, ...]:
+    """`ModelServer`'s constructor arguments."""
+    return (
+        deployment,
+        resolved_model,
+        role,
+        redis_url,
+        config.cache_dir,
+        deployment_id,
+        config.tools if role == "main" else None,
+        tool_workers,
+        config.names_served_by_main if role == "main" else None,
+    )
+
+
 def _model_deployment(
     name: str,
     deployment: ModelDeploymentConfig,
@@ -72,20 +103,12 @@ def _model_deployment(
             request_router_config=request_router_config(
                 routing, redis_url, deployment.engine.max_num_seqs
             ),
-            health_check_period_s=10,
-            health_check_timeout_s=30,
-            graceful_shutdown_timeout_s=20,
+            **_MODEL_HEALTH,
         )
         .bind(
-            deployment,
-            resolved_model,
-            role,
-            redis_url,
-            config.cache_dir,
-            deployment_id,
-            config.tools if role == "main" else None,
-            tool_workers,
-            config.names_served_by_main if role == "main" else None,
+            *_model_server_args(
+                deployment, resolved_model, role, config, redis_url, deployment_id, tool_workers
+            )
         )
     )
 
@@ -119,17 +142,39 @@ def build_application(
     # toolserve (or an earlier run of this one) sharing the Redis.
     deployment_id = uuid.uuid4().hex[:12]
     tool_workers = _tool_workers(config)
-    main = _model_deployment(
-        MAIN_DEPLOYMENT,
-        config.main,
-        resolved_main_model,
-        "main",
-        config,
-        redis_url,
-        config.routing,
-        deployment_id,
-        tool_workers,
-    )
+    main: Application | ModelServerArgs
+    ingress_options: dict[str, Any] = {"ray_actor_options": {"num_cpus": 0}}
+    if config.main_placement == "ingress":
+        main = ModelServerArgs(
+            _model_server_args(
+                config.main,
+                resolved_main_model,
+                "main",
+                config,
+                redis_url,
+                deployment_id,
+                tool_workers,
+            )
+        )
+        ingress_options = {
+            "ray_actor_options": {
+                "num_cpus": config.main.num_cpus,
+                "num_gpus": config.main.num_gpus,
+            },
+            **_MODEL_HEALTH,
+        }
+    else:
+        main = _model_deployment(
+            MAIN_DEPLOYMENT,
+            config.main,
+            resolved_main_model,
+            "main",
+            config,
+            redis_url,
+            config.routing,
+            deployment_id,
+            tool_workers,
+        )
     draft = None
     if config.draft_replicas is not None:
         assert resolved_draft_model is not None
@@ -149,7 +194,7 @@ def build_application(
             name=INGRESS_DEPLOYMENT,
             num_replicas=1,
             max_ongoing_requests=config.server.max_ongoing_requests,
-            ray_actor_options={"num_cpus": 0},
+            **ingress_options,
         )
         .bind(
             main,

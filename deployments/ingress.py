@@ -1,5 +1,6 @@
 """OpenAI-compatible HTTP ingress: validates requests, attaches the program id,
-forwards to main-model replicas and relays their replies (JSON or SSE)."""
+forwards to the main model (its replicas, or the one in this replica) and
+relays its replies (JSON or SSE)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from ray import serve
-from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cluster.config import ToolsConfig
@@ -32,7 +33,14 @@ from deployments.errors import (
     invalid_request,
     model_not_found,
 )
-from deployments.model_server import ReplyHead, ReplyTail
+from deployments.model_client import (
+    InProcessClient,
+    ModelClient,
+    ReplicaClient,
+    ReplyStream,
+    reply_head,
+)
+from deployments.model_server import ModelServer, ReplyHead, ReplyTail
 from deployments.pinning.settings import LAST_STEP_ARG
 from deployments.speculator import SpeculationTurn, Speculator
 from deployments.tool_api import (
@@ -135,6 +143,13 @@ def _check_messages(messages: Any) -> None:
 
 
 @dataclass(frozen=True)
+class ModelServerArgs:
+    """`ModelServer`'s arguments, for a main model that lives in the ingress replica."""
+
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
 class ParsedChat:
     """A chat completion body, its `toolserve` options taken out."""
 
@@ -213,7 +228,7 @@ class OpenAIIngress:
 
     def __init__(
         self,
-        main: DeploymentHandle,
+        main: DeploymentHandle | ModelServerArgs,
         draft: DeploymentHandle | None,
         served_model: str,
         draft_model: str | None,
@@ -227,11 +242,17 @@ class OpenAIIngress:
         # seconds, so pay for it at start-up rather than on the first request.
         import vllm.entrypoints.openai.chat_completion.protocol  # noqa: F401
 
-        self._main = main
+        self._main: ModelClient
+        self._main_here: InProcessClient | None = None
+        if isinstance(main, ModelServerArgs):
+            self._main_here = InProcessClient(ModelServer(*main.args))
+            self._main = self._main_here
+        else:
+            self._main = ReplicaClient(main)
         # `draft` is the draft's own deployment; without one, a named draft model
-        # is served by the main replicas.
-        self._draft = draft
-        self._draft_target = draft if draft is not None else main if draft_model else None
+        # is served by the main model.
+        self._draft: ModelClient | None = ReplicaClient(draft) if draft is not None else None
+        self._draft_target = self._draft or (self._main if draft_model else None)
         self._served_model = served_model
         self._draft_model = draft_model
         self._max_model_len = max_model_len
@@ -288,7 +309,7 @@ class OpenAIIngress:
         roles = {"main": self._main} | ({"draft": self._draft} if self._draft else {})
         reports = await self._replica_statuses.statuses(self._deployment_id)
         if reports is None:
-            engines = [await self._status_of(role, handle) for role, handle in roles.items()]
+            engines = [await self._status_of(role, model) for role, model in roles.items()]
         else:
             engines = [
                 report.as_report()
@@ -302,11 +323,15 @@ class OpenAIIngress:
             return JSONResponse(body, status_code=503)
         return JSONResponse(report)
 
-    async def _status_of(self, role: str, handle: DeploymentHandle) -> dict[str, Any]:
+    async def check_health(self) -> None:
+        """Ray Serve's health probe: with the main model in this replica, a dead
+        engine makes Serve replace the replica."""
+        if self._main_here is not None:
+            await self._main_here.check_health()
+
+    async def _status_of(self, role: str, model: ModelClient) -> dict[str, Any]:
         try:
-            status: ReplicaStatus = await asyncio.wait_for(
-                handle.status.remote(), _STATUS_TIMEOUT_S
-            )
+            status: ReplicaStatus = await asyncio.wait_for(model.status(), _STATUS_TIMEOUT_S)
         except Exception as error:
             return {
                 "role": role,
@@ -376,7 +401,7 @@ class OpenAIIngress:
             self._speculator.settle(speculation, calls)
 
     async def _relay_settling(
-        self, stream: DeploymentResponseGenerator, speculation: SpeculationTurn | None
+        self, stream: ReplyStream, speculation: SpeculationTurn | None
     ) -> AsyncIterator[str]:
         if speculation is None:
             async for chunk in _relay(stream):
@@ -392,20 +417,17 @@ class OpenAIIngress:
 
     async def _start_chat(
         self, chat: ChatCompletionRequest, program_id: str, turn: TurnContext, to_draft: bool
-    ) -> tuple[DeploymentResponseGenerator, ReplyHead]:
-        """Sends the turn to a main replica (chosen by the router from the program id),
-        or a draft replica when the request names the draft model, and waits for
-        its reply head."""
-        from ray.exceptions import ActorUnavailableError, RayActorError
-
-        deployment = self._draft_target if to_draft and self._draft_target else self._main
-        handle = deployment.options(stream=True, session_id=program_id)
+    ) -> tuple[ReplyStream, ReplyHead]:
+        """Sends the turn to the main model (a replica the router picks by the program
+        id, or the one in this replica), or to the draft when the request names the
+        draft model, and waits for its reply head."""
+        model = self._draft_target if to_draft and self._draft_target else self._main
         retries_left = _REPLICA_LOSS_RETRIES
         while True:
-            stream = handle.chat.remote(chat, turn)
+            stream = model.chat(chat, turn, program_id)
             try:
-                head: ReplyHead = await stream.__anext__()
-            except (RayActorError, ActorUnavailableError):
+                head = await reply_head(stream)
+            except model.replica_loss_errors:
                 stream.cancel()
                 if retries_left == 0:
                     raise
@@ -424,7 +446,7 @@ class OpenAIIngress:
         try:
             ended = PinningControl(ControlOperation.END_PROGRAM, program_id)
             if await self._pins.send_control(ended) == 0:
-                await self._main.end_program.remote(program_id)  # Redis down: one replica
+                await self._main.end_program(program_id)  # Redis down: one replica
         except Exception as error:
             unavailable = engine_not_ready(f"model replica unavailable: {type(error).__name__}")
             self._count(route, unavailable.status)

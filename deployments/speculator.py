@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.config import SpeculationConfig
 from deployments.continuation import declared_hosted_tools
+from deployments.model_client import reply_head
 from router.prefix import shared_prefix_key
 from toolworkers.execution import ToolExecutor
 from toolworkers.metrics import SPECULATION_ORIGIN_PREFIX
@@ -33,7 +34,7 @@ from toolworkers.speculation import (
 )
 
 if TYPE_CHECKING:
-    from ray.serve.handle import DeploymentHandle
+    from deployments.model_client import ModelClient
 
 logger = logging.getLogger("toolserve.speculation")
 
@@ -59,7 +60,7 @@ class Speculator:
         self,
         config: SpeculationConfig,
         executor: ToolExecutor,
-        draft: DeploymentHandle | None,
+        draft: ModelClient | None,
         draft_model: str | None,
     ):
         from ray.serve.metrics import Counter
@@ -152,9 +153,9 @@ class Speculator:
         request = ChatCompletionRequest.model_validate(body)
         # Routed with the program, so a draft served by the main replicas runs where
         # the conversation's prefix is cached.
-        stream = self._draft.options(stream=True, session_id=program_id).chat.remote(request)
+        stream = self._draft.chat(request, None, program_id)
         try:
-            head = await stream.__anext__()
+            head = await reply_head(stream)
         finally:
             stream.cancel()
         return head.body if head.error is None else None

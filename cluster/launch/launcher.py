@@ -122,7 +122,8 @@ class LocalCluster:
                 "request_timeout_s": config.server.request_timeout_s,
             }
         )
-        deployments = ["ingress", "main-model"]
+        deployments = ["ingress" if config.main_placement == "own_replicas" else "ingress+main"]
+        deployments += ["main-model"] if config.main_placement == "own_replicas" else []
         deployments += ["draft-model"] if config.draft_replicas else []
         deployments += ["tool-workers"] if config.tools.hosted else []
         self._log("serve: deploying " + ", ".join(deployments))

@@ -50,6 +50,7 @@ def two_replica_config() -> ToolserveConfig:
         update={
             "name": "toolserve-routing",
             "draft": None,
+            "main_placement": "own_replicas",
             "main": config.main.model_copy(
                 update={
                     "num_replicas": 2,

@@ -165,10 +165,18 @@ def test_a_posted_client_output_answers_the_call_without_a_round_trip(
 
 
 def test_cache_tool_output_rejects_unknown_foreign_and_malformed_posts(
-    client: OpenAI, model_name: str, cluster: Endpoints, healthy_after: None
+    client: OpenAI,
+    model_name: str,
+    cluster: Endpoints,
+    weather_tool: dict[str, Any],
+    healthy_after: None,
 ) -> None:
+    messages: Any = [{"role": "user", "content": "Hi"}]
     response = client.chat.completions.create(
-        model=model_name, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+        model=model_name, messages=messages, tools=[weather_tool], max_tokens=4
+    )
+    without_tools = client.chat.completions.create(
+        model=model_name, messages=messages, max_tokens=4
     )
     url = f"{cluster.api_base.removesuffix('/v1')}/cache-tool-output"
     owner = {"Authorization": "Bearer test"}
@@ -180,6 +188,7 @@ def test_cache_tool_output_rejects_unknown_foreign_and_malformed_posts(
 
     cases = [
         (post("chatcmpl-unknown", entry, owner), 404),
+        (post(without_tools.id, entry, owner), 404),  # it could make no call
         (post(response.id, entry, {"Authorization": "Bearer someone-else"}), 403),
         (post(response.id, entry, {}), 403),
         (post(response.id, b"{not json", owner), 422),

@@ -168,3 +168,12 @@ def test_direct_ingress_needs_a_local_ray_instance() -> None:
     )
     assert joined.server.ingress == "proxy"
     assert load_config("gpu-llama-3.1-8b.yaml").server.ingress == "proxy"
+
+
+def test_the_main_model_in_the_ingress_is_one_replica() -> None:
+    one = ModelDeploymentConfig(engine=_engine())
+    assert ToolserveConfig(name="x", main=one, main_placement="ingress").main.num_replicas == 1
+    two = ModelDeploymentConfig(engine=_engine(), num_replicas=2)
+    with pytest.raises(ValidationError, match="main_placement: own_replicas"):
+        ToolserveConfig(name="x", main=two, main_placement="ingress")
+    assert load_config().main_placement == "ingress"
