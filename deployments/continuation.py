@@ -78,8 +78,6 @@ def declared_hosted_tools(
     """Names of the request's tools the server may run: those declared with the
     hosted tool's own schema (as `GET /v1/tools` lists it). A client's own tool
     that merely shares a hosted tool's name stays the client's."""
-    if not declared:
-        return set()
     hosted = {
         schema["function"]["name"]: _schema_identity(schema["function"])
         for schema in hosted_schemas

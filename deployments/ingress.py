@@ -242,13 +242,11 @@ class OpenAIIngress:
         # seconds, so pay for it at start-up rather than on the first request.
         import vllm.entrypoints.openai.chat_completion.protocol  # noqa: F401
 
-        self._main: ModelClient
-        self._main_here: InProcessClient | None = None
-        if isinstance(main, ModelServerArgs):
-            self._main_here = InProcessClient(ModelServer(*main.args))
-            self._main = self._main_here
-        else:
-            self._main = ReplicaClient(main)
+        self._main: ModelClient = (
+            InProcessClient(ModelServer(*main.args))
+            if isinstance(main, ModelServerArgs)
+            else ReplicaClient(main)
+        )
         # `draft` is the draft's own deployment; without one, a named draft model
         # is served by the main model.
         self._draft: ModelClient | None = ReplicaClient(draft) if draft is not None else None
@@ -326,8 +324,8 @@ class OpenAIIngress:
     async def check_health(self) -> None:
         """Ray Serve's health probe: with the main model in this replica, a dead
         engine makes Serve replace the replica."""
-        if self._main_here is not None:
-            await self._main_here.check_health()
+        if isinstance(self._main, InProcessClient):
+            await self._main.check_health()
 
     async def _status_of(self, role: str, model: ModelClient) -> dict[str, Any]:
         try:

@@ -8,15 +8,16 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from deployments.model_server import ModelServer, ReplyHead, ReplyTail
+
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
     from cluster.store.replicas import ReplicaStatus
     from deployments.continuation import TurnContext
-    from deployments.model_server import ModelServer, ReplyHead, ReplyTail
 
-    Reply = ReplyHead | str | ReplyTail
+Reply = ReplyHead | str | ReplyTail
 
 
 class ReplyStream(Protocol):
@@ -31,8 +32,6 @@ class ReplyStream(Protocol):
 
 async def reply_head(stream: ReplyStream) -> ReplyHead:
     """The stream's first item, which `ModelServer.chat` makes its `ReplyHead`."""
-    from deployments.model_server import ReplyHead
-
     head = await stream.__anext__()
     if not isinstance(head, ReplyHead):
         raise TypeError(f"a reply began with {type(head).__name__}, not its head")

@@ -95,11 +95,15 @@ class _Open:
 
     start: int
     path: _Path
+    is_string: bool
     is_key: bool = False
     escaped: bool = False
     hex_digits_left: int = 0
     decoded_upto: int = 0
     """Raw index up to which a string's growth has been reported."""
+
+    def __post_init__(self) -> None:
+        self.decoded_upto = self.start + 1  # past the opening quote
 
 
 def _child_path(parent: _Container | None) -> _Path:
@@ -151,7 +155,6 @@ class JsonScanner:
         self.error: str | None = None
         self._stack: list[_Container] = []
         self._open: _Open | None = None
-        self._kind_of_open = ""  # '"' or "scalar"
         self._on_value = on_value
         self._on_string = on_string
         self._watch_strings = watch_strings
@@ -171,7 +174,7 @@ class JsonScanner:
 
     def finish(self) -> None:
         """The text ended: a number at the very end is complete."""
-        if self.error is None and self._open is not None and self._kind_of_open == "scalar":
+        if self.error is None and self._open is not None and not self._open.is_string:
             try:
                 self._close_scalar(len(self.text))
             except JsonSyntaxError as error:
@@ -179,20 +182,21 @@ class JsonScanner:
 
     def _report_growth(self) -> None:
         opened = self._open
-        if self.error is not None or opened is None or self._kind_of_open != '"' or opened.is_key:
-            return
-        if not self._watch_strings(opened.path):
-            return
-        begin = max(opened.decoded_upto, opened.start + 1)
-        end = _decodable_end(self.text, begin, len(self.text))
-        if end > begin:
-            self._on_string(opened.path, json.loads('"' + self.text[begin:end] + '"'))
+        if self.error is None and opened is not None and opened.is_string and not opened.is_key:
+            self._grow(opened, _decodable_end(self.text, opened.decoded_upto, len(self.text)))
+
+    def _grow(self, opened: _Open, end: int) -> None:
+        """Reports a watched string's text up to `end` (a cut no escape spans)."""
+        if end > opened.decoded_upto and self._watch_strings(opened.path):
+            self._on_string(
+                opened.path, json.loads('"' + self.text[opened.decoded_upto : end] + '"')
+            )
             opened.decoded_upto = end
 
     def _step(self, position: int, char: str) -> None:
         opened = self._open
         if opened is not None:
-            if self._kind_of_open == '"':
+            if opened.is_string:
                 if opened.hex_digits_left:
                     if char not in _HEX_DIGITS:
                         raise JsonSyntaxError(f"invalid \\u escape at {char!r}")
@@ -221,7 +225,7 @@ class JsonScanner:
         if expect in ("key_or_close", "key"):
             assert top is not None
             if char == '"':
-                self._open, self._kind_of_open = _Open(position, top.path, is_key=True), '"'
+                self._open = _Open(position, top.path, is_string=True, is_key=True)
             elif char == "}" and expect == "key_or_close":
                 self._close_container(position)
             else:
@@ -251,9 +255,9 @@ class JsonScanner:
             expect = "key_or_close" if char == "{" else "value_or_close"
             self._stack.append(_Container(char, path, position, expect))
         elif char == '"':
-            self._open, self._kind_of_open = _Open(position, path), '"'
+            self._open = _Open(position, path, is_string=True)
         elif char in _SCALAR_START:
-            self._open, self._kind_of_open = _Open(position, path), "scalar"
+            self._open = _Open(position, path, is_string=False)
         else:
             raise JsonSyntaxError(f"unexpected {char!r}")
 
@@ -266,15 +270,8 @@ class JsonScanner:
             top.key = json.loads(self.text[opened.start : position + 1])
             top.expect = "colon"
             return
-        self._report_growth_before_close(opened, position)
+        self._grow(opened, position)
         self._value_done(opened.path, opened.start, position + 1)
-
-    def _report_growth_before_close(self, opened: _Open, position: int) -> None:
-        if not self._watch_strings(opened.path):
-            return
-        begin = max(opened.decoded_upto, opened.start + 1)
-        if position > begin:
-            self._on_string(opened.path, json.loads('"' + self.text[begin:position] + '"'))
 
     def _close_scalar(self, end: int) -> None:
         opened = self._open
@@ -315,9 +312,18 @@ class _HermesCall:
     index: int
     scanner: JsonScanner = field(init=False)
     name: str | None = None
+    """The first string `name`, under which the call started."""
     held: list[CallEvent] = field(default_factory=list)
     """Argument events decided before the name (emitted once it is known)."""
     events: list[CallEvent] = field(default_factory=list)
+    # What the call closes with. Duplicate keys resolve as JSON decoders resolve
+    # them: the last one wins.
+    is_object: bool = False
+    last_name: Any = None
+    fields: dict[str, Any] = field(default_factory=dict)
+    """Argument fields decoded since the last `arguments` value closed."""
+    arguments: dict[str, Any] | None = None
+    arguments_is_object: bool = True
 
     def __post_init__(self) -> None:
         self.scanner = JsonScanner(self._on_value, self._on_string, self._is_argument)
@@ -330,14 +336,20 @@ class _HermesCall:
         (self.events if self.name is not None else self.held).append(event)
 
     def _on_value(self, path: _Path, start: int, end: int) -> None:
-        if path == ("name",):
-            name = json.loads(self.scanner.text[start:end])
-            if isinstance(name, str) and self.name is None:
-                self.name = name
-                self.events += [CallStarted(self.index, name), *self.held]
+        text = self.scanner.text
+        if path == ():
+            self.is_object = text[start] == "{"
+        elif path == ("name",):
+            self.last_name = json.loads(text[start:end])
+            if isinstance(self.last_name, str) and self.name is None:
+                self.name = self.last_name
+                self.events += [CallStarted(self.index, self.name), *self.held]
                 self.held.clear()
+        elif path == ("arguments",):
+            self.arguments_is_object = text[start] == "{"
+            self.arguments, self.fields = self.fields, {}
         elif self._is_argument(path):
-            value = json.loads(self.scanner.text[start:end])
+            value = self.fields[str(path[1])] = json.loads(text[start:end])
             self._emit(ArgumentCompleted(self.index, str(path[1]), value))
 
     def _on_string(self, path: _Path, text: str) -> None:
@@ -356,16 +368,11 @@ class _HermesCall:
         if not scanner.done:
             cut = "the reply ended" if truncated else "the call closed"
             return CallMalformed(self.index, f"{cut} before its JSON did")
-        try:
-            call = json.loads(scanner.text)
-        except ValueError as error:  # what the scan lets through, e.g. a duplicate key's value
-            return CallMalformed(self.index, f"not JSON: {error}")
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        if not self.is_object or not isinstance(self.last_name, str):
             return CallMalformed(self.index, "not an object with a string `name`")
-        arguments = call.get("arguments", {})
-        if not isinstance(arguments, dict):
+        if not self.arguments_is_object:
             return CallMalformed(self.index, "`arguments` is not an object")
-        return CallClosed(self.index, call["name"], arguments)
+        return CallClosed(self.index, self.last_name, self.arguments or {})
 
 
 class HermesCallParser:

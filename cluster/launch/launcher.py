@@ -95,15 +95,15 @@ class LocalCluster:
         self._log(
             "ray: starting" if config.ray.address is None else f"ray: joining {config.ray.address}"
         )
-        proxy_port = config.server.port
-        for name, value in direct_ingress_environment(config.server.port).items():
-            if config.server.ingress == "direct":
-                os.environ[name] = value
-            else:  # an earlier cluster of this process may have set it
-                os.environ.pop(name, None)
+        direct = direct_ingress_environment(config.server.port)
         if config.server.ingress == "direct":
+            os.environ.update(direct)
             # Serve still starts its proxy; nothing is sent to it.
             proxy_port = free_port()
+        else:
+            for name in direct:  # an earlier cluster of this process may have set it
+                os.environ.pop(name, None)
+            proxy_port = config.server.port
         ray.init(
             # "local": never join whichever Ray instance this machine started last.
             address=config.ray.address or "local",
