@@ -47,7 +47,10 @@ from cluster.config import REPO_ROOT, ToolserveConfig, load_config
 
 Log = Callable[[str], None]
 _READY_TIMEOUT_S = 900.0
-_METRICS_SETTLE_S = 3.0
+# Ray's processes report their metrics every 10 s (as users run it: a shorter
+# interval would cost the Ray-based systems CPU by the second), so a scrape sees
+# what happened up to one interval earlier.
+_METRICS_SETTLE_S = 12.0
 AA_ARMS = ("A", "B")
 
 

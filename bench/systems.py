@@ -111,7 +111,7 @@ class EngineSettings:
 
     def process_environment(self) -> dict[str, str]:
         """The environment every system's processes start with, whichever system:
-        the one place a benchmark sets niceness, threads and metric intervals."""
+        the one place a benchmark sets niceness and threads."""
         return {
             # vLLM's CPU backend binds the engine's OpenMP threads to these cores.
             "VLLM_CPU_OMP_THREADS_BIND": self.cpu_threads_bind,
@@ -121,9 +121,6 @@ class EngineSettings:
             # Ray starts workers at niceness 15 unless told: an engine inside Ray
             # would yield the CPU to every other process, vLLM's own server would not.
             "RAY_worker_niceness": "0",
-            # Ray's processes report metrics every 10 s by default; the benchmark
-            # scrapes right before and after a run.
-            "RAY_metrics_report_interval_ms": "1000",
         }
 
 

@@ -13,10 +13,12 @@ import httpx
 from cluster.config import ToolserveConfig
 from cluster.launch.redis_server import RedisServer, ensure_redis
 from cluster.models import resolve_model
-from cluster.net import free_port
+from cluster.net import free_port, wait_for_free_port
 from cluster.signals import stop_on_signals
 
 Log = Callable[[str], None]
+
+_PORT_WAIT_S = 30.0
 
 
 def direct_ingress_environment(api_port: int) -> dict[str, str]:
@@ -84,6 +86,16 @@ class LocalCluster:
 
         self._redis = ensure_redis(config.redis.url, config.cache_dir / "redis", self._log)
 
+        # Serve gives up on a port its ingress could not bind, for good: a cluster
+        # started while an earlier one still holds the port would never serve.
+        if config.ray.address is None and not wait_for_free_port(
+            config.server.host, config.server.port, _PORT_WAIT_S
+        ):
+            raise ClusterStartError(
+                f"port {config.server.port} on {config.server.host} is in use; "
+                "stop what listens there or set server.port"
+            )
+
         import ray
         from ray import serve
 
@@ -95,6 +107,10 @@ class LocalCluster:
         self._log(
             "ray: starting" if config.ray.address is None else f"ray: joining {config.ray.address}"
         )
+        if config.ray.address is None:
+            os.environ["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] = str(
+                config.ray.serve_control_loop_interval_s
+            )
         direct = direct_ingress_environment(config.server.port)
         if config.server.ingress == "direct":
             os.environ.update(direct)
@@ -128,7 +144,13 @@ class LocalCluster:
         deployments += ["tool-workers"] if config.tools.hosted else []
         self._log("serve: deploying " + ", ".join(deployments))
         app = build_application(config, main_model, draft_model, self._redis.url)
-        serve.run(app, name=config.name, route_prefix="/", blocking=False)
+        serve.run(
+            app,
+            name=config.name,
+            route_prefix="/",
+            blocking=False,
+            logging_config={"enable_access_log": config.server.access_log},
+        )
 
         host = "127.0.0.1" if config.server.host in ("0.0.0.0", "::") else config.server.host
         api_root = f"http://{host}:{config.server.port}"
