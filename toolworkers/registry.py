@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from toolworkers.builtin_tools import openai_function_schema
+from toolworkers.partial_input import PartialInput
 
 if TYPE_CHECKING:
     # Tool modules import this one in every sandboxed call's fresh process;
@@ -44,7 +45,7 @@ class ToolSpec:
     side_effect_free: bool
     cost_class: CostClass = CostClass.CHEAP
     timeout_s: float = 10.0
-    accepts_partial_input: bool = False
+    partial_input: PartialInput | None = None
     program_scoped: bool = True
     state_slot: str | None = None
 
@@ -70,7 +71,7 @@ def hosted_tool(
     name: str | None = None,
     cost_class: CostClass = CostClass.CHEAP,
     timeout_s: float = 10.0,
-    accepts_partial_input: bool = False,
+    partial_input: PartialInput | None = None,
     program_scoped: bool = True,
     state_slot: str | None = None,
 ) -> Callable[[F], F]:
@@ -79,7 +80,9 @@ def hosted_tool(
     program (else within the tenant). `state_slot`: the tool keeps per-program
     state under this name, shared by every tool of the slot; it is called with a
     `state` keyword (`toolworkers.tool_state.ToolState`) and runs one call of the
-    program at a time."""
+    program at a time. `partial_input`: the tool can start on part of its
+    arguments while the call is still being decoded
+    (`toolworkers.partial_input`)."""
 
     def declare(function: F) -> F:
         spec = ToolSpec(
@@ -89,7 +92,7 @@ def hosted_tool(
             side_effect_free=side_effect_free,
             cost_class=cost_class,
             timeout_s=timeout_s,
-            accepts_partial_input=accepts_partial_input,
+            partial_input=partial_input,
             program_scoped=program_scoped,
             state_slot=state_slot,
         )

@@ -229,15 +229,8 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-async def run_sandboxed(call: SandboxCall, limits: SandboxLimits) -> ToolResult:
-    started = time.monotonic()
-
-    def result(
-        ok: bool, output: str, error_kind: str | None, state: str | None = None
-    ) -> ToolResult:
-        return ToolResult(ok, output, error_kind, time.monotonic() - started, state)
-
-    request_fields: dict[str, Any] = {
+def _request_line(call: SandboxCall, limits: SandboxLimits, partial: bool) -> bytes:
+    fields: dict[str, Any] = {
         "function": call.function_reference,
         "arguments": call.arguments,
         "options": call.options,
@@ -248,56 +241,151 @@ async def run_sandboxed(call: SandboxCall, limits: SandboxLimits) -> ToolResult:
             "network": limits.network,
         },
     }
+    if partial:
+        fields["partial"] = True
     if call.state is not None:
-        request_fields["state"] = {"value": call.state.value, "scenario": call.state.scenario}
-    request = json.dumps(request_fields, default=str).encode()
-    workdir = tempfile.mkdtemp(prefix="toolserve-tool-")
-    with contextlib.ExitStack() as cleanup:
-        cleanup.callback(shutil.rmtree, workdir, ignore_errors=True)
-        # A file, not a pipe, carries the request: the child reads it whenever it
-        # likes and a large request cannot block the worker.
-        request_file = cleanup.enter_context(tempfile.TemporaryFile())
-        request_file.write(request)
-        request_file.seek(0)
+        fields["state"] = {"value": call.state.value, "scenario": call.state.scenario}
+    return json.dumps(fields, default=str).encode() + b"\n"
+
+
+class _SandboxedChild:
+    """One call's child process: started on a given stdin, its result read once."""
+
+    def __init__(self, limits: SandboxLimits, started: float):
+        self._limits = limits
+        self._started = started
+        self._cleanup = contextlib.ExitStack()
+        self._workdir = tempfile.mkdtemp(prefix="toolserve-tool-")
+        self._cleanup.callback(shutil.rmtree, self._workdir, ignore_errors=True)
+        self._output: asyncio.Task[tuple[bytes, bool]] | None = None
+        self._stderr: asyncio.Task[bytes] | None = None
+        self._exited: asyncio.Future[int | None] | None = None
+        self.pid: int | None = None
+
+    def result(
+        self, ok: bool, output: str, error_kind: str | None, state: str | None = None
+    ) -> ToolResult:
+        return ToolResult(ok, output, error_kind, time.monotonic() - self._started, state)
+
+    async def start(self, stdin_descriptor: int) -> ToolResult | None:
+        """Starts the child; a failure's result, or None once it runs."""
         stdout_read, stdout_write = os.pipe()
         stderr_read, stderr_write = os.pipe()
         try:
-            pid, exited = await _running_zygote().start(
-                workdir, [request_file.fileno(), stdout_write, stderr_write]
+            pid, self._exited = await _running_zygote().start(
+                self._workdir, [stdin_descriptor, stdout_write, stderr_write]
             )
         except (OSError, ZygoteLost) as error:
             for descriptor in (stdout_read, stdout_write, stderr_read, stderr_write):
                 os.close(descriptor)
-            return result(False, f"cannot start the tool process: {error}", "crash")
+            self.close()
+            return self.result(False, f"cannot start the tool process: {error}", "crash")
         finally:
-            request_file.close()
+            os.close(stdin_descriptor)
         os.close(stdout_write)
         os.close(stderr_write)
-        cleanup.callback(_kill_group, pid)
+        self.pid = pid
+        self._cleanup.callback(_kill_group, pid)
         stdout, stdout_transport = await _pipe_reader(stdout_read)
-        cleanup.callback(stdout_transport.close)
+        self._cleanup.callback(stdout_transport.close)
         stderr, stderr_transport = await _pipe_reader(stderr_read)
-        cleanup.callback(stderr_transport.close)
-        stderr_task = asyncio.create_task(_drain_tail(stderr))
-        cleanup.callback(stderr_task.cancel)
+        self._cleanup.callback(stderr_transport.close)
+        self._output = asyncio.create_task(_read_capped(stdout, self._limits.max_output_bytes))
+        self._cleanup.callback(self._output.cancel)
+        self._stderr = asyncio.create_task(_drain_tail(stderr))
+        self._cleanup.callback(self._stderr.cancel)
+        return None
+
+    async def outcome(self, timeout_s: float) -> ToolResult:
+        """The child's result, waiting at most `timeout_s`; the child is gone after."""
+        assert self._output is not None and self._stderr is not None and self._exited
         try:
-            async with asyncio.timeout(call.timeout_s):
-                output, overflowed = await _read_capped(stdout, limits.max_output_bytes)
+            async with asyncio.timeout(timeout_s):
+                output, overflowed = await self._output
                 if overflowed:
-                    return result(
+                    return self.result(
                         False,
-                        f"the tool's output exceeded {limits.max_output_bytes} bytes",
+                        f"the tool's output exceeded {self._limits.max_output_bytes} bytes",
                         "output_too_large",
                     )
-                status = await exited
-                stderr_tail = await stderr_task
+                status = await self._exited
+                stderr_tail = await self._stderr
         except TimeoutError:
-            return result(False, f"the tool ran longer than {call.timeout_s:g} s", "timeout")
-    try:
-        reply = json.loads(output)
-        return result(
-            bool(reply["ok"]), str(reply["output"]), reply.get("error_kind"), reply.get("state")
+            return self.result(False, f"the tool ran longer than {timeout_s:g} s", "timeout")
+        finally:
+            self.close()
+        try:
+            reply = json.loads(output)
+            return self.result(
+                bool(reply["ok"]), str(reply["output"]), reply.get("error_kind"), reply.get("state")
+            )
+        except (ValueError, KeyError, TypeError):
+            error_kind, reason = _exit_description(status, stderr_tail)
+            return self.result(False, reason, error_kind)
+
+    def close(self) -> None:
+        self._cleanup.close()
+
+
+async def run_sandboxed(call: SandboxCall, limits: SandboxLimits) -> ToolResult:
+    child = _SandboxedChild(limits, time.monotonic())
+    # A file, not a pipe, carries the request: the child reads it whenever it
+    # likes and a large request cannot block the worker.
+    with tempfile.TemporaryFile() as request_file:
+        request_file.write(_request_line(call, limits, partial=False))
+        request_file.seek(0)
+        failed = await child.start(os.dup(request_file.fileno()))
+    if failed is not None:
+        return failed
+    return await child.outcome(call.timeout_s)
+
+
+class PartialCall:
+    """A sandboxed call of a partial-input tool (`toolworkers.partial_input`) that
+    runs while the model still writes it: `feed` each piece as the call's stream
+    completes it, then `finish` with the whole arguments (the timeout counts from
+    there), or `abandon` it. `call.arguments` is not used."""
+
+    def __init__(self, call: SandboxCall, limits: SandboxLimits):
+        self._call = call
+        self._limits = limits
+        self._child = _SandboxedChild(limits, time.monotonic())
+        self._pipe: asyncio.WriteTransport | None = None
+        self._failed: ToolResult | None = None
+
+    async def start(self) -> None:
+        stdin_read, stdin_write = os.pipe()
+        self._failed = await self._child.start(stdin_read)
+        if self._failed is not None:
+            os.close(stdin_write)
+            return
+        loop = asyncio.get_running_loop()
+        self._pipe, _protocol = await loop.connect_write_pipe(
+            asyncio.Protocol, os.fdopen(stdin_write, "wb", buffering=0)
         )
-    except (ValueError, KeyError, TypeError):
-        error_kind, reason = _exit_description(status, stderr_tail)
-        return result(False, reason, error_kind)
+        self._send(_request_line(self._call, self._limits, partial=True))
+
+    def feed(self, piece: Any) -> None:
+        self._send(json.dumps({"piece": piece}, default=str).encode() + b"\n")
+
+    async def finish(self, arguments: dict[str, Any]) -> ToolResult:
+        if self._failed is not None:
+            return self._failed
+        self._send(json.dumps({"finish": arguments}, default=str).encode() + b"\n")
+        if self._pipe is not None:
+            self._pipe.close()
+        return await self._child.outcome(self._call.timeout_s)
+
+    @property
+    def pid(self) -> int | None:
+        """The call's process, once started."""
+        return self._child.pid
+
+    def abandon(self) -> None:
+        if self._pipe is not None:
+            self._pipe.abort()
+        self._child.close()
+
+    def _send(self, line: bytes) -> None:
+        if self._pipe is not None and not self._pipe.is_closing():
+            self._pipe.write(line)

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,77 @@ def test_a_lost_zygote_is_replaced_and_a_running_call_still_finishes() -> None:
 
     first, interrupted, after = asyncio.run(scenario())
     assert (first.output, interrupted.output, after.output) == ("a", "woke up", "b")
+
+
+PYTHON_TOOL = "toolworkers.python_tool:python"
+
+
+async def partial_call(pieces: list[str], arguments: dict[str, object]) -> ToolResult:
+    call = sandbox.PartialCall(SandboxCall(PYTHON_TOOL, {}, {}, 20.0), LIMITS)
+    await call.start()
+    for piece in pieces:
+        call.feed(piece)
+    return await call.finish(arguments)
+
+
+def test_a_partial_call_runs_its_pieces_before_it_is_finished(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+
+    async def scenario() -> ToolResult:
+        call = sandbox.PartialCall(SandboxCall(PYTHON_TOOL, {}, {}, 20.0), LIMITS)
+        await call.start()
+        call.feed(f"open({str(marker)!r}, 'w').write('ran')\n")
+        for _ in range(200):
+            if marker.exists():
+                break
+            await asyncio.sleep(0.05)
+        assert marker.read_text() == "ran"  # the arguments are not finished yet
+        call.feed("print('done')\n")
+        return await call.finish({"code": "..."})
+
+    result = asyncio.run(scenario())
+    assert (result.ok, result.output) == (True, "done\n")
+
+
+def test_a_partial_call_gives_the_whole_calls_result() -> None:
+    code = "x = 6\nprint(x * 7)\nprint(undefined)\nprint('never')\n"
+    pieces = ["x = 6\n", "print(x * 7)\n", "print(undefined)\n", "print('never')\n"]
+    partial = asyncio.run(partial_call(pieces, {"code": code}))
+    whole = asyncio.run(run_sandboxed(SandboxCall(PYTHON_TOOL, {"code": code}, {}, 20.0), LIMITS))
+    assert (partial.ok, partial.error_kind, partial.output) == (
+        whole.ok,
+        whole.error_kind,
+        whole.output,
+    )
+    assert partial.output == "42\nline 3: NameError: name 'undefined' is not defined"
+
+
+def test_a_tool_without_partial_input_refuses_a_partial_call() -> None:
+    async def scenario() -> ToolResult:
+        call = sandbox.PartialCall(SandboxCall("sandbox_probes:echo", {}, {}, 20.0), LIMITS)
+        await call.start()
+        call.feed("text")
+        return await call.finish({"text": "text"})
+
+    result = asyncio.run(scenario())
+    assert (result.ok, result.error_kind) == (False, "bad_arguments")
+
+
+def test_an_abandoned_partial_call_leaves_no_process() -> None:
+    async def scenario() -> int:
+        call = sandbox.PartialCall(SandboxCall(PYTHON_TOOL, {}, {}, 20.0), LIMITS)
+        await call.start()
+        call.feed("import os\nprint(os.getpid())\n")
+        pid = call.pid
+        assert pid is not None
+        call.abandon()
+        return pid
+
+    pid = asyncio.run(scenario())
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"process {pid} still runs after the call was abandoned")
