@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 
 @dataclass(frozen=True)
@@ -308,32 +308,79 @@ def _tag_prefix_at_end(text: str, tag: str) -> int:
 
 
 @dataclass
-class _HermesCall:
+class _ScannedCall:
+    """One call's JSON read as it streams: the events of its top-level arguments.
+    `_ARGUMENTS` is the path of the arguments object inside the scanned JSON."""
+
+    _ARGUMENTS: ClassVar[_Path] = ()
     index: int
     scanner: JsonScanner = field(init=False)
     name: str | None = None
-    """The first string `name`, under which the call started."""
+    """The name under which the call started."""
     held: list[CallEvent] = field(default_factory=list)
     """Argument events decided before the name (emitted once it is known)."""
     events: list[CallEvent] = field(default_factory=list)
     # What the call closes with. Duplicate keys resolve as JSON decoders resolve
     # them: the last one wins.
-    is_object: bool = False
-    last_name: Any = None
     fields: dict[str, Any] = field(default_factory=dict)
-    """Argument fields decoded since the last `arguments` value closed."""
+    """Argument fields decoded since the last arguments object opened."""
     arguments: dict[str, Any] | None = None
     arguments_is_object: bool = True
 
     def __post_init__(self) -> None:
         self.scanner = JsonScanner(self._on_value, self._on_string, self._is_argument)
 
-    @staticmethod
-    def _is_argument(path: _Path) -> bool:
-        return len(path) == 2 and path[0] == "arguments" and isinstance(path[1], str)
+    def _is_argument(self, path: _Path) -> bool:
+        depth = len(self._ARGUMENTS)
+        return (
+            len(path) == depth + 1
+            and path[:depth] == self._ARGUMENTS
+            and isinstance(path[depth], str)
+        )
+
+    def _start(self, name: str) -> None:
+        self.name = name
+        self.events += [CallStarted(self.index, name), *self.held]
+        self.held.clear()
 
     def _emit(self, event: CallEvent) -> None:
         (self.events if self.name is not None else self.held).append(event)
+
+    def _on_value(self, path: _Path, start: int, end: int) -> None:
+        text = self.scanner.text
+        if path == self._ARGUMENTS:
+            self.arguments_is_object = text[start] == "{"
+            self.arguments, self.fields = self.fields, {}
+        elif self._is_argument(path):
+            value = self.fields[str(path[-1])] = json.loads(text[start:end])
+            self._emit(ArgumentCompleted(self.index, str(path[-1]), value))
+
+    def _on_string(self, path: _Path, text: str) -> None:
+        if text:
+            self._emit(ArgumentGrowing(self.index, str(path[-1]), text))
+
+    def take(self) -> list[CallEvent]:
+        events, self.events = self.events, []
+        return events
+
+    def _scanned(self, cut: str) -> CallMalformed | None:
+        """Whether the JSON read is whole and valid; `cut`: what ended it early."""
+        scanner = self.scanner
+        scanner.finish()
+        if scanner.error is not None:
+            return CallMalformed(self.index, f"not JSON: {scanner.error}")
+        if not scanner.done:
+            return CallMalformed(self.index, f"{cut} before its JSON did")
+        return None
+
+
+@dataclass
+class _HermesCall(_ScannedCall):
+    """`{"name": ..., "arguments": {...}}` between the hermes tags."""
+
+    _ARGUMENTS: ClassVar[_Path] = ("arguments",)
+    is_object: bool = False
+    last_name: Any = None
 
     def _on_value(self, path: _Path, start: int, end: int) -> None:
         text = self.scanner.text
@@ -342,32 +389,14 @@ class _HermesCall:
         elif path == ("name",):
             self.last_name = json.loads(text[start:end])
             if isinstance(self.last_name, str) and self.name is None:
-                self.name = self.last_name
-                self.events += [CallStarted(self.index, self.name), *self.held]
-                self.held.clear()
-        elif path == ("arguments",):
-            self.arguments_is_object = text[start] == "{"
-            self.arguments, self.fields = self.fields, {}
-        elif self._is_argument(path):
-            value = self.fields[str(path[1])] = json.loads(text[start:end])
-            self._emit(ArgumentCompleted(self.index, str(path[1]), value))
-
-    def _on_string(self, path: _Path, text: str) -> None:
-        if text:
-            self._emit(ArgumentGrowing(self.index, str(path[1]), text))
-
-    def take(self) -> list[CallEvent]:
-        events, self.events = self.events, []
-        return events
+                self._start(self.last_name)
+        else:
+            super()._on_value(path, start, end)
 
     def close(self, truncated: bool) -> CallEvent:
-        scanner = self.scanner
-        scanner.finish()
-        if scanner.error is not None:
-            return CallMalformed(self.index, f"not JSON: {scanner.error}")
-        if not scanner.done:
-            cut = "the reply ended" if truncated else "the call closed"
-            return CallMalformed(self.index, f"{cut} before its JSON did")
+        malformed = self._scanned("the reply ended" if truncated else "the call closed")
+        if malformed is not None:
+            return malformed
         if not self.is_object or not isinstance(self.last_name, str):
             return CallMalformed(self.index, "not an object with a string `name`")
         if not self.arguments_is_object:
@@ -421,6 +450,57 @@ class HermesCallParser:
         self._pending = ""
         self._call = None
         return [*call.take(), call.close(truncated=True)]
+
+
+@dataclass
+class _DeltaCall(_ScannedCall):
+    """A call's arguments JSON, as OpenAI-style deltas stream it."""
+
+    closed: bool = False
+
+    def close(self) -> CallEvent:
+        self.closed = True
+        malformed = self._scanned("the reply ended")
+        if malformed is not None:
+            return malformed
+        if self.name is None:
+            return CallMalformed(self.index, "no `name`")
+        if not self.arguments_is_object:
+            return CallMalformed(self.index, "`arguments` is not an object")
+        return CallClosed(self.index, self.name, self.arguments or {})
+
+
+class ToolCallDeltaParser:
+    """The same events from OpenAI-style `delta.tool_calls` fragments (what vLLM's
+    front end streams once its own parser has read the model's text): a call by
+    its `index`, started by the first fragment naming it, closed as soon as its
+    arguments object closes (or, unclosed, at the end of the reply)."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, _DeltaCall] = {}
+
+    def feed(self, fragments: list[dict[str, Any]]) -> list[CallEvent]:
+        events: list[CallEvent] = []
+        for fragment in fragments:
+            index = int(fragment.get("index", 0))
+            call = self._calls.setdefault(index, _DeltaCall(index))
+            if call.closed:
+                continue
+            function = fragment.get("function") or {}
+            if call.name is None and function.get("name"):
+                call._start(str(function["name"]))
+            call.scanner.feed(function.get("arguments") or "")
+            events += call.take()
+            if call.scanner.done or call.scanner.error is not None:
+                events.append(call.close())
+        return events
+
+    def finish(self) -> list[CallEvent]:
+        events: list[CallEvent] = []
+        for _index, call in sorted(self._calls.items()):
+            if not call.closed:
+                events += [*call.take(), call.close()]
+        return events
 
 
 STREAMING_CALL_PARSERS: dict[str, Callable[[], StreamingCallParser]] = {

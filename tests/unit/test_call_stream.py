@@ -17,6 +17,7 @@ from toolworkers.call_stream import (
     CallEvent,
     CallMalformed,
     CallStarted,
+    ToolCallDeltaParser,
     streaming_call_parser,
 )
 
@@ -174,3 +175,68 @@ def test_any_split_of_a_stream_gives_the_events_of_the_whole(
         for key, value in arguments.items():
             if isinstance(value, str) and value:
                 assert ArgumentGrowing(index, key, value) in whole
+
+
+def delta_fragments(
+    calls: list[tuple[str, dict[str, Any]]], cuts_of: Any, ensure_ascii: bool = False
+) -> list[dict[str, Any]]:
+    """OpenAI-style `delta.tool_calls` fragments of the calls: the name first, then
+    the arguments' JSON text cut where `cuts_of(text)` says."""
+    fragments: list[dict[str, Any]] = []
+    for index, (name, arguments) in enumerate(calls):
+        text = json.dumps(arguments, ensure_ascii=ensure_ascii)
+        cuts = cuts_of(text)
+        fragments.append({"index": index, "id": f"call_{index}", "function": {"name": name}})
+        fragments += [
+            {"index": index, "function": {"arguments": text[start:end]}}
+            for start, end in zip([0, *cuts], [*cuts, len(text)], strict=True)
+        ]
+    return fragments
+
+
+def parse_deltas(batches: list[list[dict[str, Any]]]) -> list[CallEvent]:
+    parser = ToolCallDeltaParser()
+    events: list[CallEvent] = []
+    for batch in batches:
+        events += parser.feed(batch)
+    return events + parser.finish()
+
+
+def test_delta_fragments_give_the_events_of_the_same_calls_in_text() -> None:
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("read_file", {"path": "src/main.py", "lines": 4}),
+        ("calc", {"x": "1+1"}),
+    ]
+    fragments = delta_fragments(calls, lambda text: list(range(1, len(text))))
+    events = parse_deltas([[fragment] for fragment in fragments])
+    assert merged(events) == merged(parse([hermes(n, a) for n, a in calls]))
+    # The first call closes with its arguments object, before the second starts.
+    assert events.index(CallClosed(0, "read_file", calls[0][1])) < events.index(
+        CallStarted(1, "calc")
+    )
+
+
+def test_delta_calls_cut_off_or_malformed_are_reported() -> None:
+    cut_off = [{"index": 0, "function": {"name": "f", "arguments": '{"a": "b'}}]
+    assert parse_deltas([cut_off])[-1] == CallMalformed(0, "the reply ended before its JSON did")
+    not_object = [{"index": 0, "function": {"name": "f", "arguments": "[1]"}}]
+    assert parse_deltas([not_object])[-1] == CallMalformed(0, "`arguments` is not an object")
+    no_name = [{"index": 0, "function": {"arguments": "{}"}}]
+    assert parse_deltas([no_name]) == [CallMalformed(0, "no `name`")]
+    bad_json = [{"index": 0, "function": {"name": "f", "arguments": '{"a" 1}'}}]
+    (malformed,) = [e for e in parse_deltas([bad_json]) if isinstance(e, CallMalformed)]
+    assert malformed.reason.startswith("not JSON")
+
+
+@settings(max_examples=100, deadline=None)
+@given(calls=calls, ensure_ascii=st.booleans(), data=st.data())
+def test_any_split_of_delta_fragments_gives_the_events_of_the_calls_in_text(
+    calls: list[tuple[str, dict[str, Any]]], ensure_ascii: bool, data: st.DataObject
+) -> None:
+    def cuts_of(text: str) -> list[int]:
+        return sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=8)))
+
+    fragments = delta_fragments(calls, cuts_of, ensure_ascii)
+    events = merged(parse_deltas([[fragment] for fragment in fragments]))
+    in_text = merged(parse([hermes(name, arguments, ensure_ascii) for name, arguments in calls]))
+    assert events == in_text
