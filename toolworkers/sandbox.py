@@ -329,22 +329,24 @@ class _SandboxedChild:
 
 async def run_sandboxed(call: SandboxCall, limits: SandboxLimits) -> ToolResult:
     child = _SandboxedChild(limits, time.monotonic())
-    # A file, not a pipe, carries the request: the child reads it whenever it
-    # likes and a large request cannot block the worker.
-    with tempfile.TemporaryFile() as request_file:
-        request_file.write(_request_line(call, limits, partial=False))
-        request_file.seek(0)
-        failed = await child.start(os.dup(request_file.fileno()))
-    if failed is not None:
-        return failed
-    return await child.outcome(call.timeout_s)
+    try:
+        # A file, not a pipe, carries the request: the child reads it whenever it
+        # likes and a large request cannot block the worker.
+        with tempfile.TemporaryFile() as request_file:
+            request_file.write(_request_line(call, limits, partial=False))
+            request_file.seek(0)
+            failed = await child.start(os.dup(request_file.fileno()))
+        return failed or await child.outcome(call.timeout_s)
+    finally:
+        child.close()  # also when the caller is cancelled
 
 
 class PartialCall:
     """A sandboxed call of a partial-input tool (`toolworkers.partial_input`) that
     runs while the model still writes it: `feed` each piece as the call's stream
     completes it, then `finish` with the whole arguments (the timeout counts from
-    there), or `abandon` it. `call.arguments` is not used."""
+    there), or `abandon` it (also when the caller is cancelled before the
+    result). `call.arguments` is not used."""
 
     def __init__(self, call: SandboxCall, limits: SandboxLimits):
         self._call = call
