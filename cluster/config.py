@@ -523,6 +523,13 @@ class ContinuationConfig(_Strict):
         description="How long to wait for a client-posted result of a client tool the "
         "model called; 0: use it only when already posted.",
     )
+    partial_execution: bool = Field(
+        default=True,
+        description="Start a hosted tool that takes partial input (the `python` tool) "
+        "on the parts of its arguments already decoded, while the model still writes "
+        "the call (streamed turns; needs Redis, which carries the parts to the tool "
+        "worker). Off, or without Redis: the call runs once the turn has ended.",
+    )
 
 
 class SpeculationConfig(_Strict):

@@ -113,7 +113,7 @@ def _model_deployment(
     )
 
 
-def _tool_workers(config: ToolserveConfig) -> Application | None:
+def _tool_workers(config: ToolserveConfig, redis_url: str | None) -> Application | None:
     """The tool-worker pool, when there are hosted tools to run."""
     if not config.tools.hosted:
         return None
@@ -128,7 +128,7 @@ def _tool_workers(config: ToolserveConfig) -> Application | None:
             ray_actor_options={"num_cpus": 0},
             health_check_period_s=10,
         )
-        .bind(config.tools.sandbox)
+        .bind(config.tools.sandbox, redis_url)
     )
 
 
@@ -141,7 +141,7 @@ def build_application(
     # Names this deployment's replica reports in Redis, apart from any other
     # toolserve (or an earlier run of this one) sharing the Redis.
     deployment_id = uuid.uuid4().hex[:12]
-    tool_workers = _tool_workers(config)
+    tool_workers = _tool_workers(config, redis_url)
     main: Application | ModelServerArgs
     ingress_options: dict[str, Any] = {"ray_actor_options": {"num_cpus": 0}}
     if config.main_placement == "ingress":

@@ -38,6 +38,7 @@ from deployments.errors import ApiError
 
 if TYPE_CHECKING:
     from toolworkers.execution import ToolExecutor
+    from toolworkers.partial_execution import PartialExecution
 
 logger = logging.getLogger("toolserve.continuation")
 
@@ -170,6 +171,7 @@ class StreamRound:
     usage: dict[str, Any] | None = None
     failed: bool = False
     _calls: ToolCallDeltas = field(default_factory=ToolCallDeltas)
+    _new_call_fragments: list[dict[str, Any]] = field(default_factory=list)
     _finish_chunk: dict[str, Any] | None = None
     _template: dict[str, Any] | None = None
 
@@ -194,7 +196,9 @@ class StreamRound:
         """Records the chunk's calls and finish; True when something is left to send."""
         choice = data["choices"][0]
         delta = choice.get("delta") or {}
-        self._calls.feed(delta.pop("tool_calls", None) or [])
+        fragments = delta.pop("tool_calls", None) or []
+        self._calls.feed(fragments)
+        self._new_call_fragments += fragments
         self.content += delta.get("content") or ""
         if choice.get("finish_reason") is None:
             return bool(delta)
@@ -206,6 +210,11 @@ class StreamRound:
     @property
     def tool_calls(self) -> list[ModelToolCall]:
         return self._calls.calls()
+
+    def take_call_fragments(self) -> list[dict[str, Any]]:
+        """The `delta.tool_calls` fragments fed since the last take."""
+        fragments, self._new_call_fragments = self._new_call_fragments, []
+        return fragments
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
         base = dict(self._template or {"id": self.response_id, "object": "chat.completion.chunk"})
@@ -313,29 +322,38 @@ class Continuation:
         round_index = 1
         while True:
             current = StreamRound(response_id)
-            async for chunk in stream:
-                for forwarded in current.feed(chunk):
-                    yield forwarded
-            usage = summed_usage(usage, current.usage)
-            calls = current.tool_calls
-            if self._turn_ended is not None:
-                self._turn_ended(calls[0].name if calls else None)
-            following = None
-            if (
-                not current.failed
-                and calls_complete(current.finish_reason)
-                and calls
-                and round_index <= self._config.max_rounds
-            ):
-                outputs = await self._answer_calls(calls)
-                if outputs is not None:
-                    messages = round_messages(current.content, calls, outputs)
-                    following = next_round_body(
-                        self._body,
-                        executed + messages,
-                        (usage or {}).get("completion_tokens", 0),
-                        round_index,
-                    )
+            partial = self._partial_execution()
+            try:
+                async for chunk in stream:
+                    for forwarded in current.feed(chunk):
+                        yield forwarded
+                    if partial is not None:
+                        await partial.feed(current.take_call_fragments())
+                if partial is not None:
+                    await partial.end()
+                usage = summed_usage(usage, current.usage)
+                calls = current.tool_calls
+                if self._turn_ended is not None:
+                    self._turn_ended(calls[0].name if calls else None)
+                following = None
+                if (
+                    not current.failed
+                    and calls_complete(current.finish_reason)
+                    and calls
+                    and round_index <= self._config.max_rounds
+                ):
+                    outputs = await self._answer_calls(calls, partial)
+                    if outputs is not None:
+                        messages = round_messages(current.content, calls, outputs)
+                        following = next_round_body(
+                            self._body,
+                            executed + messages,
+                            (usage or {}).get("completion_tokens", 0),
+                            round_index,
+                        )
+            finally:
+                if partial is not None:
+                    await partial.abandon()
             if following is not None:
                 result = await self._create(following)
                 if isinstance(result, ApiError):
@@ -352,16 +370,37 @@ class Continuation:
                 yield closing
             return
 
-    async def _answer_calls(self, calls: list[ModelToolCall]) -> list[str] | None:
+    def _hosted_names(self) -> set[str]:
+        return declared_hosted_tools(self._body["tools"], self._tools.registry.openai_schemas())
+
+    def _partial_execution(self) -> PartialExecution | None:
+        """A round's partial runs, when some declared hosted tool takes partial input."""
+        if not self._tools.runs_partial_calls:
+            return None
+        hosted = self._hosted_names()
+        if not any(self._tools.takes_partial_input(name) for name in hosted):
+            return None
+        from toolworkers.partial_execution import PartialExecution
+
+        return PartialExecution(self._tools, hosted)
+
+    async def _answer_calls(
+        self, calls: list[ModelToolCall], partial: PartialExecution | None = None
+    ) -> list[str] | None:
         """Tool messages for every call, or None when any must go to the client.
         Client tools are checked first, so no hosted tool runs for a round that
-        goes back to the client anyway."""
+        goes back to the client anyway (a partial run already started is then
+        abandoned: partial-input tools keep their effects inside their sandbox)."""
         tools = self._tools
         program_id = str(self._body.get("session_id") or "")
-        hosted_names = declared_hosted_tools(self._body["tools"], tools.registry.openai_schemas())
+        hosted_names = self._hosted_names()
         is_hosted = [call.name in hosted_names for call in calls]
 
         async def answer(index: int) -> str | None:
+            if partial is not None and is_hosted[index]:
+                ran = await partial.outcome(index, calls[index].arguments)
+                if ran is not None:
+                    return ran.result.for_model()
             outcome = await tools.resolve(
                 calls[index].name,
                 calls[index].arguments,

@@ -6,20 +6,31 @@ stateful ones one at a time per program, with their program's state slot."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
 from cluster.config import ToolCacheConfig
+from cluster.store.partial_calls import ChannelUnavailable, PartialCallChannel
 from cluster.store.tool_cache import CachedToolResult, ToolCache
 from cluster.store.tool_state import ToolStateStore, ToolStateUnavailable
 from toolworkers.cache_keys import ArgumentsError, CacheScope, ToolCallKey, normalized_arguments
+from toolworkers.call_stream import CallEvent
+from toolworkers.partial_input import PieceSplitter
 from toolworkers.registry import HostedTool, ToolRegistry
 from toolworkers.sandbox import SandboxCall, ToolResult
 
+logger = logging.getLogger("toolserve.toolworkers")
+
 RunCall = Callable[[SandboxCall], Awaitable[ToolResult]]
+RunPartialCall = Callable[[SandboxCall, str], Coroutine[Any, Any, ToolResult]]
+"""Runs a partial-input call whose pieces come through its channel under the id."""
+PARTIAL_ORIGIN = "partial"
 
 # A failed call is shared with those already waiting for it, then retried by the
 # next requester rather than served from the cache for the tool's whole keep-alive.
@@ -68,6 +79,59 @@ def _to_cache(result: ToolResult, origin: str) -> CachedToolResult:
     )
 
 
+@dataclass(frozen=True)
+class PartialCalls:
+    """How an executor runs calls on partial input: on the pool, fed through Redis."""
+
+    run: RunPartialCall
+    channel: PartialCallChannel
+
+
+@dataclass
+class PartialRun:
+    """A call of a partial-input tool running on a tool worker while the model
+    writes it: `feed` it the call's stream events, then `finish` or `abandon` it.
+    A run whose pieces could not be sent is `broken`: the call then runs whole."""
+
+    name: str
+    call_id: str
+    splitter: PieceSplitter
+    channel: PartialCallChannel
+    result: asyncio.Task[ToolResult]
+    started: float = field(default_factory=time.monotonic)
+    pieces_fed: int = 0
+    broken: bool = False
+
+    async def feed(self, event: CallEvent) -> None:
+        for piece in self.splitter.pieces(event):
+            self.pieces_fed += 1
+            await self._send({"piece": piece})
+
+    async def finish(self, arguments: dict[str, Any]) -> ToolResult | None:
+        """The call's result given its whole arguments; None when the run broke."""
+        await self._send({"finish": arguments})
+        try:
+            return None if self.broken else await self.result
+        except asyncio.CancelledError:
+            if self.broken:
+                return None
+            raise
+
+    async def abandon(self, reason: str) -> None:
+        await self._send({"abandon": reason})
+        self.result.cancel()
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        if self.broken:
+            return
+        try:
+            await self.channel.send(self.call_id, message)
+        except ChannelUnavailable as error:
+            logger.warning("partial call of %s lost its channel: %s", self.name, error)
+            self.broken = True
+            self.result.cancel()
+
+
 class ToolExecutor:
     def __init__(
         self,
@@ -77,6 +141,7 @@ class ToolExecutor:
         cache_config: ToolCacheConfig,
         states: ToolStateStore,
         observe: ToolObserver | None = None,
+        partial: PartialCalls | None = None,
     ):
         self._registry = registry
         self._run_call = run_call
@@ -84,6 +149,7 @@ class ToolExecutor:
         self._cache_config = cache_config
         self._states = states
         self._observe = observe
+        self._partial = partial
 
     def cache_key(self, name: str, arguments: dict[str, Any], tenant: str, program_id: str) -> str:
         """A hosted tool's results are shared per its scope; a client tool's only
@@ -196,6 +262,53 @@ class ToolExecutor:
         return await self._single_flight(
             self._cache, self.cache_key(name, parsed, tenant, program_id), tool, call, origin
         )
+
+    @property
+    def runs_partial_calls(self) -> bool:
+        return self._partial is not None
+
+    def takes_partial_input(self, name: str) -> bool:
+        """Would a call of `name` start before its arguments are whole?"""
+        tool = self._registry.get(name)
+        return (
+            tool is not None
+            and tool.spec.partial_input is not None
+            and tool.spec.state_slot is None
+        )
+
+    def start_partial(self, name: str, call_index: int) -> PartialRun | None:
+        """Starts a call of hosted tool `name` on the pool before its arguments are
+        whole, if the tool takes partial input (and is stateless: a stateful call
+        runs whole, under its program's lock); None otherwise."""
+        tool = self._registry.get(name)
+        if self._partial is None or tool is None or not self.takes_partial_input(name):
+            return None
+        assert tool.spec.partial_input is not None
+        call_id = uuid.uuid4().hex
+        call = SandboxCall(tool.function_reference, {}, tool.options, tool.spec.timeout_s)
+        return PartialRun(
+            name,
+            call_id,
+            PieceSplitter(tool.spec.partial_input, call_index),
+            self._partial.channel,
+            asyncio.create_task(self._partial.run(call, call_id)),
+        )
+
+    async def finish_partial(
+        self, run: PartialRun, arguments: dict[str, Any]
+    ) -> ToolOutcome | None:
+        """The partial run's outcome, given the call's whole arguments; None when
+        the run broke (the caller runs the call whole instead)."""
+        started = time.monotonic()
+        result = await run.finish(arguments)
+        if result is None:
+            return None
+        outcome = ToolOutcome(
+            result, ResultSource.UNCACHED, PARTIAL_ORIGIN, waited_s=time.monotonic() - started
+        )
+        if self._observe is not None:
+            self._observe(run.name, outcome, PARTIAL_ORIGIN)
+        return outcome
 
     async def _run_stateful(
         self, call: SandboxCall, slot: str, tenant: str, program_id: str

@@ -1,9 +1,10 @@
 """Tool metrics (Ray Serve metrics, scraped with the rest): cache hits and
-misses, tool latency per tool, and the time speculation saved real calls."""
+misses, tool latency per tool, the time speculation saved real calls, and the
+time partial runs worked while the model was still writing their calls."""
 
 from __future__ import annotations
 
-from toolworkers.execution import ResultSource, ToolOutcome
+from toolworkers.execution import PARTIAL_ORIGIN, ResultSource, ToolOutcome
 
 SPECULATION_ORIGIN_PREFIX = "speculation:"
 _LATENCY_BOUNDARIES = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60]
@@ -51,7 +52,19 @@ class ToolMetrics:
             tag_keys=("tool", "origin"),
         )
 
+        self._overlapped = Histogram(
+            "toolserve_tool_partial_overlap_s",
+            description="Per call run on partial input: tool time spent while the model "
+            "was still writing the call (the run's duration less the wait after the call "
+            "closed).",
+            boundaries=_LATENCY_BOUNDARIES,
+            tag_keys=("tool",),
+        )
+
     def observe(self, tool: str, outcome: ToolOutcome, requester_origin: str) -> None:
+        if requester_origin == PARTIAL_ORIGIN:
+            overlapped = max(0.0, outcome.result.duration_s - outcome.waited_s)
+            self._overlapped.observe(overlapped, tags={"tool": tool})
         if outcome.source in (ResultSource.RAN, ResultSource.UNCACHED):
             self._latency.observe(outcome.result.duration_s, tags={"tool": tool})
         if outcome.source is not ResultSource.UNCACHED:

@@ -5,40 +5,81 @@ restarts a dead worker and spreads calls over the live ones."""
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from cluster.config import SandboxLimits, ToolsConfig
+from cluster.store.partial_calls import ChannelUnavailable, PartialCallChannel
 from cluster.store.tool_cache import ToolCache
 from cluster.store.tool_state import LocalToolStateStore, RedisToolStateStore, ToolStateStore
-from toolworkers.execution import RunCall, ToolExecutor
+from toolworkers.execution import PartialCalls, RunCall, RunPartialCall, ToolExecutor
 from toolworkers.registry import ToolRegistry
-from toolworkers.sandbox import SandboxCall, ToolResult, run_sandboxed
+from toolworkers.sandbox import PartialCall, SandboxCall, ToolResult, run_sandboxed
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
 
 logger = logging.getLogger("toolserve.toolworkers")
 
+# A partial call's worker polls its pieces this often, and gives the call up when
+# none has come for the longest a model takes to write the next one.
+_PIECE_POLL_S = 1.0
+_PIECE_SILENCE_S = 120.0
+
 
 class ToolWorker:
     """One tool-worker replica. A tool that crashes, hangs or floods its output
     takes down only its own subprocess; the worker answers with a `ToolResult`."""
 
-    def __init__(self, limits: SandboxLimits):
+    def __init__(self, limits: SandboxLimits, redis_url: str | None = None):
         self._limits = limits
+        self._channel = PartialCallChannel(redis_url, _PIECE_POLL_S) if redis_url else None
 
     async def run(self, call: SandboxCall) -> ToolResult:
         return await run_sandboxed(call, self._limits)
 
+    async def run_partial(self, call: SandboxCall, call_id: str) -> ToolResult:
+        """Runs a partial-input call as its pieces come through its channel
+        (`cluster.store.partial_calls`), until its `finish` or `abandon`."""
+        started = time.monotonic()
 
-def worker_pool_runner(workers: DeploymentHandle) -> RunCall:
-    """Runs calls on the pool. A worker lost mid-call becomes an error result, not
-    a retry: the call may have had side effects."""
+        def failed(output: str, error_kind: str) -> ToolResult:
+            return ToolResult(False, output, error_kind, time.monotonic() - started)
+
+        if self._channel is None:
+            return failed("partial calls need Redis", "unavailable")
+        running = PartialCall(call, self._limits)
+        try:
+            await running.start()
+            heard = time.monotonic()
+            while True:
+                message = await self._channel.receive(call_id, _PIECE_POLL_S)
+                if message is None:
+                    if time.monotonic() - heard > _PIECE_SILENCE_S:
+                        return failed("the call's arguments stopped coming", "abandoned")
+                    continue
+                heard = time.monotonic()
+                if "piece" in message:
+                    running.feed(message["piece"])
+                elif "finish" in message:
+                    return await running.finish(message["finish"])
+                else:
+                    return failed(f"abandoned: {message.get('abandon')}", "abandoned")
+        except ChannelUnavailable as error:
+            return failed(f"the call's pieces could not be read: {error}", "unavailable")
+        finally:
+            running.abandon()
+
+
+def worker_pool_runner(workers: DeploymentHandle) -> tuple[RunCall, RunPartialCall]:
+    """Runs calls, whole and partial, on the pool. A worker lost mid-call becomes
+    an error result, not a retry: the call may have had side effects."""
     from ray.exceptions import RayError
 
-    async def run(call: SandboxCall) -> ToolResult:
+    async def answered(call: SandboxCall, response: Awaitable[ToolResult]) -> ToolResult:
         try:
-            result: ToolResult = await workers.run.remote(call)
+            return await response
         except RayError as error:
             logger.warning("tool worker lost during %s: %s", call.function_reference, error)
             return ToolResult(
@@ -47,9 +88,14 @@ def worker_pool_runner(workers: DeploymentHandle) -> RunCall:
                 "worker_lost",
                 0.0,
             )
-        return result
 
-    return run
+    async def run(call: SandboxCall) -> ToolResult:
+        return await answered(call, workers.run.remote(call))
+
+    async def run_partial(call: SandboxCall, call_id: str) -> ToolResult:
+        return await answered(call, workers.run_partial.remote(call, call_id))
+
+    return run, run_partial
 
 
 async def _no_workers(call: SandboxCall) -> ToolResult:
@@ -70,11 +116,18 @@ def tool_executor(
         if redis_url
         else LocalToolStateStore(config.state_ttl_s)
     )
+    run: RunCall = _no_workers
+    partial = None
+    if workers is not None:
+        run, run_partial = worker_pool_runner(workers)
+        if redis_url and config.continuation.partial_execution:
+            partial = PartialCalls(run_partial, PartialCallChannel(redis_url))
     return ToolExecutor(
         ToolRegistry.from_config(config),
-        worker_pool_runner(workers) if workers is not None else _no_workers,
+        run,
         cache,
         config.cache,
         states,
         ToolMetrics().observe,
+        partial,
     )
