@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from openai import AsyncOpenAI, OpenAI
+from prometheus_text import metric_total
 
 from bench.tools import record_text
 from cluster.config import ToolserveConfig
@@ -32,20 +33,6 @@ LOOKUP_CHOICE = {"type": "function", "function": {"name": "lookup_record"}}
 def _lookup_tool(cluster: Endpoints) -> list[dict[str, Any]]:
     listed = httpx.get(f"{cluster.api_base}/tools", timeout=30).json()["data"]
     return [tool for tool in listed if tool["function"]["name"] == "lookup_record"]
-
-
-def _metric_total(text: str, sample_name: str, **labels: str) -> float:
-    """A sample summed over the label sets that contain `labels` (names may carry
-    Ray's `ray_` prefix)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name.removeprefix("ray_") == sample_name
-        and all(sample.labels.get(key) == value for key, value in labels.items())
-    )
 
 
 def test_a_correctly_predicted_call_runs_once_and_is_reused(
@@ -94,8 +81,8 @@ def test_a_correctly_predicted_call_runs_once_and_is_reused(
     used = saved = 0.0
     while time.monotonic() < deadline and not (used and saved):
         text = httpx.get(cluster.metrics_url, timeout=10).text
-        used = _metric_total(text, "toolserve_speculations_used_total", source="learned")
-        saved = _metric_total(
+        used = metric_total(text, "toolserve_speculations_used_total", source="learned")
+        saved = metric_total(
             text, "toolserve_tool_time_saved_s_count", origin="speculation:learned"
         )
         time.sleep(2)
