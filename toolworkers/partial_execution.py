@@ -30,7 +30,9 @@ class PartialExecution:
         self._hosted = hosted
         self._parser = ToolCallDeltaParser()
         self._running: dict[int, PartialRun] = {}
-        self._finishing: dict[int, tuple[dict[str, Any], asyncio.Task[ToolOutcome | None]]] = {}
+        self._finishing: dict[
+            int, tuple[dict[str, Any], PartialRun, asyncio.Task[ToolOutcome | None]]
+        ] = {}
         self.started = 0
 
     async def feed(self, fragments: list[dict[str, Any]]) -> None:
@@ -56,7 +58,7 @@ class PartialExecution:
             if isinstance(event, CallClosed):
                 del self._running[event.index]
                 finishing = asyncio.create_task(self._executor.finish_partial(run, event.arguments))
-                self._finishing[event.index] = (event.arguments, finishing)
+                self._finishing[event.index] = (event.arguments, run, finishing)
             elif isinstance(event, CallMalformed):
                 del self._running[event.index]
                 await run.abandon(event.reason)
@@ -69,13 +71,13 @@ class PartialExecution:
         entry = self._finishing.pop(index, None)
         if entry is None:
             return None
-        ran_with, finishing = entry
+        ran_with, run, finishing = entry
         try:
             same = normalized_arguments(arguments) == normalized_arguments(ran_with)
         except ArgumentsError:
             same = False
         if not same:
-            finishing.cancel()
+            await self._stop(run, finishing, "the call's final arguments differ")
             return None
         return await finishing
 
@@ -84,8 +86,17 @@ class PartialExecution:
         for run in self._running.values():
             await run.abandon("the round's calls are not answered by the server")
         self._running.clear()
-        for _arguments, finishing in self._finishing.values():
-            finishing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await finishing
+        for _arguments, run, finishing in self._finishing.values():
+            await self._stop(run, finishing, "the round's calls are not answered by the server")
         self._finishing.clear()
+
+    @staticmethod
+    async def _stop(
+        run: PartialRun, finishing: asyncio.Task[ToolOutcome | None], reason: str
+    ) -> None:
+        # The statements fed so far run whether or not the finish was sent: the
+        # worker's run itself is stopped, not only the wait for its outcome.
+        finishing.cancel()
+        await run.abandon(reason)
+        with contextlib.suppress(asyncio.CancelledError):
+            await finishing

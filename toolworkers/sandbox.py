@@ -123,7 +123,11 @@ class _Zygote:
                 if "started" in reply:
                     pid = reply["started"]
                     self._exits[pid] = self.loop.create_future()
-                    self._starting.popleft().set_result((pid, self._exits[pid]))
+                    starting = self._starting.popleft()
+                    if starting.done():  # its caller was cancelled: nobody runs the child
+                        _kill_group(pid)
+                    else:
+                        starting.set_result((pid, self._exits[pid]))
                 elif (exit_future := self._exits.pop(reply["exited"], None)) is not None:
                     exit_future.set_result(reply["status"])
         except (OSError, ValueError) as error:
@@ -384,7 +388,7 @@ class PartialCall:
         return self._child.pid
 
     def abandon(self) -> None:
-        if self._pipe is not None:
+        if self._pipe is not None and not self._pipe.is_closing():
             self._pipe.abort()
         self._child.close()
 

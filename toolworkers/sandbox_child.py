@@ -79,7 +79,10 @@ def _run(request: dict[str, Any], more_lines: Iterator[bytes]) -> dict[str, Any]
         return reply
 
     if request.get("partial"):
-        partial = declared_spec(function, request["function"]).partial_input
+        try:
+            partial = declared_spec(function, request["function"]).partial_input
+        except RegistryError:
+            partial = None
         if partial is None:
             return _failure("bad_arguments", f"{request['function']} takes no partial input")
         return _run_partial(partial.session, options, more_lines, reply_of)
