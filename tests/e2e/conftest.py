@@ -53,7 +53,6 @@ def cluster_config(hosted_data_dir: Path, lookup_ledger: Path) -> ToolserveConfi
             options={"latency_s": 1.0, "ledger": str(lookup_ledger)},
         )
     )
-    extra_tools.append(HostedToolConfig(function="toolworkers.python_tool:python"))
     return config.model_copy(
         update={
             "server": config.server.model_copy(update={"port": free_port()}),

@@ -5,22 +5,17 @@ and its errors. Real Ray, Redis, vLLM (SmolLM2) and the `openai` SDK."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 import uuid
 from typing import Any
 
 import httpx
 import pytest
 from openai import OpenAI
-from prometheus_text import metric_total
 
-from cluster.config import ToolserveConfig
 from cluster.launch.demo import run_demo
 from cluster.launch.launcher import Endpoints
 from toolworkers.builtin_tools import calculate
-from toolworkers.sandbox import SandboxCall, run_sandboxed
 
 pytestmark = pytest.mark.e2e
 
@@ -119,55 +114,6 @@ def test_a_streamed_continuation_matches_the_non_streamed_one(
     assert finish == whole.choices[0].finish_reason
     assert usage is not None and whole.usage is not None
     assert usage.completion_tokens == whole.usage.completion_tokens
-
-
-def test_a_streamed_python_call_runs_while_the_model_writes_it(
-    client: OpenAI,
-    model_name: str,
-    cluster: Endpoints,
-    cluster_config: ToolserveConfig,
-    healthy_after: None,
-) -> None:
-    def partial_runs() -> float:
-        text = httpx.get(cluster.metrics_url, timeout=30).text
-        return metric_total(text, "toolserve_tool_partial_overlap_s_count", tool="python")
-
-    runs_before = partial_runs()
-    stream = client.chat.completions.create(
-        model=model_name,
-        messages=[
-            {
-                "role": "user",
-                "content": "Write a Python script that prints the squares of 1 to 5, "
-                "one per line, and run it.",
-            }
-        ],
-        tools=[t for t in _hosted_tools(cluster) if t["function"]["name"] == "python"],
-        tool_choice="required",
-        temperature=0,
-        max_tokens=160,
-        stream=True,
-    )
-    executed: list[dict[str, Any]] = []
-    for chunk in stream:
-        executed += ((chunk.model_extra or {}).get("toolserve") or {}).get("executed_messages", [])
-    assert executed, "the server should have answered the python call"
-    call_message, tool_message = executed[:2]
-    code = json.loads(call_message["tool_calls"][0]["function"]["arguments"])["code"]
-    # The model's code runs whole in a sandbox here too, never in the test process.
-    whole = asyncio.run(
-        run_sandboxed(
-            SandboxCall("toolworkers.python_tool:python", {"code": code}, {}, 10.0),
-            cluster_config.tools.sandbox,
-        )
-    )
-    assert tool_message["content"] == whole.for_model(), "a partial run gives the whole run's"
-
-    # Ray's processes report metrics every 10 s.
-    deadline = time.monotonic() + 60
-    while partial_runs() < runs_before + 1 and time.monotonic() < deadline:
-        time.sleep(2)
-    assert partial_runs() >= runs_before + 1, "the call ran on partial input"
 
 
 def _weather_turn(
