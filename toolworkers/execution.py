@@ -11,7 +11,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -98,13 +98,10 @@ class PartialRun:
     splitter: PieceSplitter
     channel: PartialCallChannel
     result: asyncio.Task[ToolResult]
-    started: float = field(default_factory=time.monotonic)
-    pieces_fed: int = 0
     broken: bool = False
 
     async def feed(self, event: CallEvent) -> None:
         for piece in self.splitter.pieces(event):
-            self.pieces_fed += 1
             await self._send({"piece": piece})
 
     async def finish(self, arguments: dict[str, Any]) -> ToolResult | None:

@@ -51,11 +51,5 @@ class PartialCallChannel:
         message: dict[str, Any] = json.loads(text(raw))
         return message
 
-    async def discard(self, call_id: str) -> None:
-        try:
-            await self._client.delete(_PREFIX + call_id)
-        except UNREACHABLE as error:
-            raise ChannelUnavailable(str(error)) from error
-
     async def close(self) -> None:
         await self._client.aclose()
