@@ -356,8 +356,7 @@ class ServerConfig(_Strict):
         default=False,
         description="Serve's access log: a line per request in the replicas' logs. "
         "Off by default: every line costs the ingress and Ray's log monitor CPU that "
-        "the engine would otherwise have (about 2 ms a request on two cores); the "
-        "request metrics count the same requests.",
+        "the engine would otherwise have; the request metrics count the same requests.",
     )
     max_ongoing_requests: int = Field(
         default=1024,
