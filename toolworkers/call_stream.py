@@ -34,6 +34,17 @@ class ArgumentCompleted:
 
 
 @dataclass(frozen=True)
+class ArgumentItemCompleted:
+    """An item of a top-level list argument, decoded in full (the list itself may
+    still be growing)."""
+
+    index: int
+    name: str
+    position: int
+    value: Any
+
+
+@dataclass(frozen=True)
 class ArgumentGrowing:
     """Text appended to a top-level string argument (decoded, escapes resolved)."""
 
@@ -57,7 +68,14 @@ class CallMalformed:
     reason: str
 
 
-CallEvent = CallStarted | ArgumentCompleted | ArgumentGrowing | CallClosed | CallMalformed
+CallEvent = (
+    CallStarted
+    | ArgumentCompleted
+    | ArgumentItemCompleted
+    | ArgumentGrowing
+    | CallClosed
+    | CallMalformed
+)
 
 
 class StreamingCallParser(Protocol):
@@ -338,6 +356,9 @@ class _ScannedCall:
             and isinstance(path[depth], str)
         )
 
+    def _is_argument_item(self, path: _Path) -> bool:
+        return self._is_argument(path[:-1]) and isinstance(path[-1], int)
+
     def _start(self, name: str) -> None:
         self.name = name
         self.events += [CallStarted(self.index, name), *self.held]
@@ -354,6 +375,9 @@ class _ScannedCall:
         elif self._is_argument(path):
             value = self.fields[str(path[-1])] = json.loads(text[start:end])
             self._emit(ArgumentCompleted(self.index, str(path[-1]), value))
+        elif self._is_argument_item(path):
+            item = json.loads(text[start:end])
+            self._emit(ArgumentItemCompleted(self.index, str(path[-2]), int(path[-1]), item))
 
     def _on_string(self, path: _Path, text: str) -> None:
         if text:

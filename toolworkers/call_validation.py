@@ -18,6 +18,7 @@ from jsonschema.exceptions import SchemaError
 from toolworkers.call_stream import (
     ArgumentCompleted,
     ArgumentGrowing,
+    ArgumentItemCompleted,
     CallClosed,
     CallEvent,
     CallMalformed,
@@ -119,6 +120,8 @@ class CallValidator:
             return self._check_growing(event, tool)
         if isinstance(event, ArgumentCompleted):
             return self._check_argument(event.index, event.name, event.value, tool)
+        if isinstance(event, ArgumentItemCompleted):
+            return None  # judged with its whole list
         assert isinstance(event, CallClosed)
         error = _first_error(tool.parameters, event.arguments)
         if error is None:

@@ -17,7 +17,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from toolworkers.call_stream import ArgumentCompleted, ArgumentGrowing, CallEvent
+from toolworkers.call_stream import (
+    ArgumentCompleted,
+    ArgumentGrowing,
+    ArgumentItemCompleted,
+    CallEvent,
+)
 from toolworkers.python_chunks import PythonChunker
 
 
@@ -31,8 +36,8 @@ class PieceKind(StrEnum):
     """A string argument holding Python source, as top-level statements, each as
     soon as it is complete (`toolworkers.python_chunks`)."""
     LIST_ITEMS = "list_items"
-    """A list argument's items in order, each a piece (a plan's stages); fed when
-    the list is complete, as the parser reports top-level arguments only."""
+    """A list argument's items in order, each a piece as soon as it is complete
+    (a plan's stages: the first runs while the next is being decoded)."""
 
 
 class PartialSession(Protocol):
@@ -62,6 +67,7 @@ class PieceSplitter:
         self._partial = partial
         self._call_index = call_index
         self._chunker = PythonChunker() if partial.pieces is PieceKind.PYTHON_STATEMENTS else None
+        self._items_fed = 0
         self.complete = False
         """Whether the consumed argument has been decoded in full."""
 
@@ -69,13 +75,19 @@ class PieceSplitter:
         """The pieces `event` completes (none for another call's or argument's)."""
         if (
             self.complete
-            or not isinstance(event, (ArgumentGrowing, ArgumentCompleted))
+            or not isinstance(event, (ArgumentGrowing, ArgumentItemCompleted, ArgumentCompleted))
             or event.index != self._call_index
             or event.name != self._partial.argument
         ):
             return []
         if isinstance(event, ArgumentGrowing):
             return self._chunker.feed(event.text) if self._chunker is not None else []
+        if isinstance(event, ArgumentItemCompleted):
+            streamed_item = self._partial.pieces is PieceKind.LIST_ITEMS
+            if not streamed_item or event.position != self._items_fed:
+                return []
+            self._items_fed += 1
+            return [event.value]
         self.complete = True
         return self._last_pieces(event.value)
 
@@ -85,7 +97,7 @@ class PieceSplitter:
                 return []  # not source: the whole call's run reports it
             return self._chunker.finish()
         if self._partial.pieces is PieceKind.LIST_ITEMS:
-            return list(value) if isinstance(value, list) else []
+            return list(value[self._items_fed :]) if isinstance(value, list) else []
         return [value]
 
 

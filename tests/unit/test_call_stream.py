@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from toolworkers.call_stream import (
     ArgumentCompleted,
     ArgumentGrowing,
+    ArgumentItemCompleted,
     CallClosed,
     CallEvent,
     CallMalformed,
@@ -72,6 +73,8 @@ def test_two_calls_in_one_reply_with_text_around_them() -> None:
     text = "First " + hermes("a", {"x": [1, {"y": None}]}) + " then " + hermes("b", {}) + " done"
     assert merged(parse([text])) == [
         CallStarted(0, "a"),
+        ArgumentItemCompleted(0, "x", 0, 1),
+        ArgumentItemCompleted(0, "x", 1, {"y": None}),
         ArgumentCompleted(0, "x", [1, {"y": None}]),
         CallClosed(0, "a", {"x": [1, {"y": None}]}),
         CallStarted(1, "b"),

@@ -30,6 +30,8 @@ def executor(redis_url: str) -> ToolExecutor:
         hosted=[
             HostedToolConfig(function="toolworkers.python_tool:python"),
             HostedToolConfig(function="toolworkers.hosted_tools:calculator"),
+            HostedToolConfig(function="toolworkers.search_tool:search"),
+            HostedToolConfig(function="toolworkers.plan_tool:run_plan"),
         ]
     )
     worker = ToolWorker(LIMITS, redis_url)
@@ -147,6 +149,46 @@ def test_the_partial_outcome_is_the_whole_calls_and_other_calls_run_as_usual(
     same, output = asyncio.run(scenario())
     assert same
     assert output == "1\nline 3: NameError: name 'undefined' is not defined"
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments"),
+    [
+        ("search", {"query": "while loop else", "max_results": 2}),
+        (
+            "run_plan",
+            {
+                "stages": [
+                    {"tool": "calculator", "input": "2 ** 8"},
+                    {"tool": "search", "input": "context manager"},
+                    {"tool": "calculator", "input": "1 / 0"},
+                ]
+            },
+        ),
+    ],
+)
+def test_search_and_plan_run_partially_in_the_sandbox_give_the_whole_calls_result(
+    redis_url: str, tool: str, arguments: dict[str, Any]
+) -> None:
+    async def scenario() -> tuple[Any, Any, int]:
+        tools = executor(redis_url)
+        partial = PartialExecution(tools, {tool})
+        await partial.feed(fragments_of(0, tool, arguments, size=9))
+        await partial.end()
+        ran = await partial.outcome(0, json.dumps(arguments))
+        whole = await tools.call(tool, arguments, tenant="t", program_id="p")
+        await partial.abandon()
+        assert ran is not None
+        return (
+            (ran.result.ok, ran.result.output),
+            (whole.result.ok, whole.result.output),
+            (partial.started),
+        )
+
+    ran, whole, started = asyncio.run(scenario())
+    assert started == 1
+    assert ran == whole
+    assert ran[0] and "1. " in ran[1]
 
 
 def test_different_final_arguments_or_an_abandoned_round_stop_the_run(
