@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
-from typing import Any
 
 import pytest
+from call_replies import hermes, outcome
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -39,17 +38,6 @@ SCRIPTS = [
     "print('first')\nif True print('bad')\nprint('never')\n",
     "import sys\nprint('bye')\nsys.exit(0)\nprint('never')\n",
 ]
-
-
-def hermes(name: str, arguments: dict[str, Any]) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-
-
-def outcome(run: Any) -> tuple[bool, str]:
-    try:
-        return True, run()
-    except ToolError as error:
-        return False, str(error)
 
 
 def run_streamed(text_pieces: list[str]) -> tuple[bool, str]:

@@ -3,10 +3,10 @@ whole call gives, and each starts work before the call is decoded in full."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
+from call_replies import hermes, outcome
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -46,17 +46,6 @@ PLANS: list[dict[str, Any]] = [
     {"stages": []},
     {"stages": "calculator 1 + 1"},
 ]
-
-
-def hermes(name: str, arguments: dict[str, Any]) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-
-
-def outcome(run: Any) -> tuple[bool, str]:
-    try:
-        return True, run()
-    except ToolError as error:
-        return False, str(error)
 
 
 def run_streamed(partial: PartialInput, text_pieces: list[str]) -> tuple[bool, str]:
