@@ -54,12 +54,14 @@ class PlanSession:
 
     def __init__(self) -> None:
         self._search: ReferenceSearch | None = None
+        self._stages_run: list[Any] = []
         self._outcomes: list[str] = []
 
     def feed(self, stage: Any) -> None:
         number = len(self._outcomes) + 1
         if number > _MAX_STAGES:
             return  # `finish` refuses the plan
+        self._stages_run.append(stage)
         try:
             tool, text = _stage_parts(stage)
             outcome = self._step(tool)(text)
@@ -75,6 +77,10 @@ class PlanSession:
             raise ToolError("the plan has no stages")
         if len(stages) > _MAX_STAGES:
             raise ToolError(f"a plan has at most {_MAX_STAGES} stages")
+        if stages != self._stages_run:  # a repeated key: the last one is the plan
+            self._stages_run, self._outcomes = [], []
+            for stage in stages:
+                self.feed(stage)
         return "\n\n".join(self._outcomes)
 
     def _step(self, tool: str) -> Callable[[str], str]:

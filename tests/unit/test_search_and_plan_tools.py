@@ -3,6 +3,7 @@ whole call gives, and each starts work before the call is decoded in full."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -153,6 +154,24 @@ def test_list_items_are_fed_once_whether_streamed_or_completed_whole() -> None:
     assert splitter.pieces(ArgumentCompleted(0, "stages", ["a", "b"])) == ["b"]
     assert splitter.complete
     assert whole_pieces(PLAN_INPUT, {"stages": ["a", "b"]}) == ["a", "b"]
+
+
+def test_a_repeated_key_is_read_as_json_decoders_read_it_the_last_one_wins() -> None:
+    first, last = [stage("calculator", "1 + 1")], [stage("calculator", "2 * 3")]
+    reply = (
+        '<tool_call>\n{"name": "run_plan", "arguments": {"stages": '
+        + json.dumps(first)
+        + ', "stages": '
+        + json.dumps(last)
+        + "}}\n</tool_call>"
+    )
+    assert run_streamed(PLAN_INPUT, list(reply)) == (True, run_plan(last))
+    search_reply = (
+        reply.replace("run_plan", "search")
+        .replace('"stages": ' + json.dumps(first), '"query": "lambda"')
+        .replace('"stages": ' + json.dumps(last), '"query": "yield"')
+    )
+    assert run_streamed(SEARCH_INPUT, [search_reply]) == (True, search("yield"))
 
 
 def test_nested_items_are_not_top_level_items() -> None:
