@@ -49,6 +49,7 @@ from deployments.tool_api import (
     parse_tool_outputs,
     parse_tool_state,
     pop_turn_options,
+    scoped_program_id,
     tenant_of,
 )
 from toolworkers.cache_keys import ArgumentsError, normalized_arguments
@@ -344,16 +345,17 @@ class OpenAIIngress:
         route = "chat_completions"
         try:
             parsed = parse_chat_body(await request.body(), self._model_names())
-            program_id = program_id_for(request.headers.get(SESSION_HEADER), parsed.body)
+            client_program_id = program_id_for(request.headers.get(SESSION_HEADER), parsed.body)
         except RequestRejected as rejected:
             self._count(route, rejected.error.status)
             return error_response(rejected.error)
+        tenant = tenant_of(request.headers.get("authorization"))
+        program_id = scoped_program_id(tenant, client_program_id)
         chat = parsed.request
         chat.session_id = program_id
-        if program_id.startswith(ONESHOT_PREFIX):
+        if client_program_id.startswith(ONESHOT_PREFIX):
             mark_last_step(chat)
-        headers = {SESSION_HEADER: program_id}
-        tenant = tenant_of(request.headers.get("authorization"))
+        headers = {SESSION_HEADER: client_program_id}
         if chat.tools:  # a reply can only make calls, whose outputs come back, with tools
             owner = ResponseOwner(f"chatcmpl-{chat.request_id}", tenant, program_id)
             await self._response_owners.record(owner, self._tools_config.cache.response_owner_ttl_s)
@@ -441,6 +443,9 @@ class OpenAIIngress:
         """The client's agent is done: release the program's pinned KV now, on
         whichever replica holds it, and drop its stateful tools' state."""
         route = "sessions"
+        client_program_id = program_id
+        tenant = tenant_of(request.headers.get("authorization"))
+        program_id = scoped_program_id(tenant, client_program_id)
         try:
             ended = PinningControl(ControlOperation.END_PROGRAM, program_id)
             if await self._pins.send_control(ended) == 0:
@@ -449,11 +454,10 @@ class OpenAIIngress:
             unavailable = engine_not_ready(f"model replica unavailable: {type(error).__name__}")
             self._count(route, unavailable.status)
             return error_response(unavailable)
-        tenant = tenant_of(request.headers.get("authorization"))
         with contextlib.suppress(ToolStateUnavailable):  # it expires with its TTL
             await self._tools.states.clear(tenant, program_id)
         self._count(route, 200)
-        return JSONResponse({"id": program_id, "object": "session", "deleted": True})
+        return JSONResponse({"id": client_program_id, "object": "session", "deleted": True})
 
     @app.put("/v1/sessions/{program_id}/tool-state/{slot}")
     async def set_tool_state(self, program_id: str, slot: str, request: Request) -> Response:
@@ -465,7 +469,9 @@ class OpenAIIngress:
             scenario = parse_tool_state(
                 await request.body(), slot, self._tools.registry.state_slots()
             )
-            await self._tools.states.set_scenario(tenant, program_id, slot, scenario)
+            await self._tools.states.set_scenario(
+                tenant, scoped_program_id(tenant, program_id), slot, scenario
+            )
         except RequestRejected as rejected:
             self._count(route, rejected.error.status)
             return error_response(rejected.error)

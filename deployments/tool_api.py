@@ -26,6 +26,14 @@ def tenant_of(authorization: str | None) -> str:
     return "key-" + hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
+def scoped_program_id(tenant: str, program_id: str) -> str:
+    """The program id the cluster keys a caller's program by (pins, TTL ledger,
+    program FCFS, routing, tool state): the same id from two API keys names two
+    programs, so one key can neither join nor end another's program. Callers
+    without a key share one namespace, their ids as sent."""
+    return program_id if tenant == ANONYMOUS_TENANT else f"{tenant}/{program_id}"
+
+
 class TurnOptions(BaseModel):
     """The `toolserve` object a chat request may carry."""
 

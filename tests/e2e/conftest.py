@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from openai import OpenAI
+from programs import cluster_program_id
 
 from cluster.config import HostedToolConfig, ToolserveConfig, load_config
 from cluster.launch.launcher import Endpoints, LocalCluster
@@ -128,7 +129,7 @@ def ledger_caught_up(
         ledger = TtlLedger(cluster.redis_url)
         deadline = time.monotonic() + 30
         try:
-            while ledger.lookup(program) is None:
+            while ledger.lookup(cluster_program_id(program)) is None:
                 assert time.monotonic() < deadline, "the barrier turn never reached the ledger"
                 time.sleep(0.1)
         finally:

@@ -12,6 +12,7 @@ import httpx
 import jsonschema
 import pytest
 from openai import OpenAI
+from programs import cluster_program_id
 
 from cluster.config import ToolserveConfig
 from cluster.launch.launcher import Endpoints
@@ -93,7 +94,9 @@ def test_the_draft_model_answers_requests_that_name_it(
     }
     ledger_caught_up()
     ledger = TtlLedger(cluster.redis_url)
-    assert ledger.lookup(program) is None, "a prediction is not a turn of its program"
+    assert ledger.lookup(cluster_program_id(program)) is None, (
+        "a prediction is not a turn of its program"
+    )
     ledger.close()
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from openai import OpenAI
+from programs import cluster_program_id
 
 from cluster.launch.launcher import Endpoints
 from cluster.store.pins import LedgerEntry, TtlLedger
@@ -40,7 +41,7 @@ def wait_for(check: Any, timeout_s: float = 15) -> Any:
 
 
 def ledger_gone(ledger: TtlLedger, program: str) -> bool | None:
-    return True if ledger.lookup(program) is None else None
+    return True if ledger.lookup(cluster_program_id(program)) is None else None
 
 
 def test_tool_turn_is_pinned_in_the_ledger_until_the_session_closes(
@@ -63,7 +64,9 @@ def test_tool_turn_is_pinned_in_the_ledger_until_the_session_closes(
 
     ledger = TtlLedger(cluster.redis_url)
     entry: LedgerEntry | None = wait_for(
-        lambda: found if (found := ledger.lookup(program)) and found.tool else None
+        lambda: (
+            found if (found := ledger.lookup(cluster_program_id(program))) and found.tool else None
+        )
     )
     assert entry is not None, "the pin never reached the ledger"
     assert entry.replica_id == replica
@@ -75,6 +78,44 @@ def test_tool_turn_is_pinned_in_the_ledger_until_the_session_closes(
     assert closed.status_code == 200
     assert closed.json() == {"id": program, "object": "session", "deleted": True}
     assert wait_for(lambda: ledger_gone(ledger, program))
+    ledger.close()
+
+
+def test_the_same_session_id_from_two_api_keys_names_two_programs(
+    model_name: str, cluster: Endpoints, ledger_caught_up: Callable[[], None]
+) -> None:
+    program = f"tenants-e2e-{uuid.uuid4().hex[:8]}"
+    owner = OpenAI(base_url=cluster.api_base, api_key="tenant-a", max_retries=0, timeout=120)
+    owner.chat.completions.create(
+        model=model_name,
+        messages=[{"role": "user", "content": "Which files are in /src?"}],
+        tools=[LIST_FILES_TOOL],
+        tool_choice="required",
+        max_tokens=48,
+        temperature=0,
+        extra_headers={"X-Session-ID": program},
+    )
+    ledger = TtlLedger(cluster.redis_url)
+    owners_pin = cluster_program_id(program, "tenant-a")
+    assert wait_for(lambda: ledger.lookup(owners_pin)), "the owner's pin never reached the ledger"
+
+    other = httpx.delete(
+        f"{cluster.api_base}/sessions/{program}",
+        headers={"Authorization": "Bearer tenant-b"},
+        timeout=30,
+    )
+    assert other.status_code == 200
+    ledger_caught_up()
+    assert ledger.lookup(owners_pin) is not None, "another key ended the owner's program"
+    assert ledger.lookup(program) is None and ledger.lookup(cluster_program_id(program)) is None
+
+    mine = httpx.delete(
+        f"{cluster.api_base}/sessions/{program}",
+        headers={"Authorization": "Bearer tenant-a"},
+        timeout=30,
+    )
+    assert mine.json() == {"id": program, "object": "session", "deleted": True}
+    assert wait_for(lambda: True if ledger.lookup(owners_pin) is None else None)
     ledger.close()
 
 
@@ -93,7 +134,7 @@ def test_requests_without_a_session_pin_nothing(
     assert program.startswith("oneshot-")
     ledger_caught_up()
     ledger = TtlLedger(cluster.redis_url)
-    assert ledger.lookup(program) is None
+    assert ledger.lookup(cluster_program_id(program)) is None
     ledger.close()
 
 

@@ -13,6 +13,7 @@ import httpx
 import pytest
 import redis
 from openai import OpenAI
+from programs import cluster_program_id
 
 from cluster.config import ToolserveConfig, load_config
 from cluster.launch.launcher import Endpoints, LocalCluster
@@ -122,14 +123,18 @@ def test_turns_follow_the_pin_and_fail_over_when_its_replica_dies(
     served = [_turn(client, model, program, messages) for _ in range(3)]
     assert len(set(served)) == 1, served
     owner = served[0]
-    assert _wait_for(lambda: getattr(ledger.lookup(program), "replica_id", None) == owner, 10)
+    assert _wait_for(
+        lambda: getattr(ledger.lookup(cluster_program_id(program)), "replica_id", None) == owner, 10
+    )
 
     replica_actor = f"SERVE_REPLICA::{two_replica_config.name}#{MAIN_DEPLOYMENT}#{owner}"
     ray.kill(ray.get_actor(replica_actor, namespace="serve"))
 
     after = [_turn(client, model, program, messages) for _ in range(2)]
     assert owner not in after and len(set(after)) == 1, (owner, after)
-    assert _wait_for(lambda: getattr(ledger.lookup(program), "replica_id", None) != owner, 30)
+    assert _wait_for(
+        lambda: getattr(ledger.lookup(cluster_program_id(program)), "replica_id", None) != owner, 30
+    )
     raw = redis.Redis.from_url(two_replicas.redis_url)
     assert _wait_for(lambda: raw.exists(f"toolserve:ttl-ledger:replica:{owner}") == 0, 30)
     ledger.close()

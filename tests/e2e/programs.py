@@ -1,0 +1,12 @@
+"""The id the cluster keys a test client's program by: programs are scoped by
+the caller's API key (`deployments.tool_api.scoped_program_id`)."""
+
+from __future__ import annotations
+
+from deployments.tool_api import scoped_program_id, tenant_of
+
+TEST_API_KEY = "test"
+
+
+def cluster_program_id(program: str, api_key: str = TEST_API_KEY) -> str:
+    return scoped_program_id(tenant_of(f"Bearer {api_key}"), program)
