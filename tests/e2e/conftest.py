@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from openai import OpenAI
-from programs import cluster_program_id
+from programs import TEST_CLIENT_AUTH, cluster_program_id
 
 from cluster.config import HostedToolConfig, ToolserveConfig, load_config
 from cluster.launch.launcher import Endpoints, LocalCluster
@@ -134,6 +134,6 @@ def ledger_caught_up(
                 time.sleep(0.1)
         finally:
             ledger.close()
-        httpx.delete(f"{cluster.api_base}/sessions/{program}", timeout=30)
+        httpx.delete(f"{cluster.api_base}/sessions/{program}", headers=TEST_CLIENT_AUTH, timeout=30)
 
     return wait

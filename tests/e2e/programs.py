@@ -6,6 +6,8 @@ from __future__ import annotations
 from deployments.tool_api import scoped_program_id, tenant_of
 
 TEST_API_KEY = "test"
+TEST_CLIENT_AUTH = {"Authorization": f"Bearer {TEST_API_KEY}"}
+"""Headers of a plain HTTP request made as the tests' `openai` client."""
 
 
 def cluster_program_id(program: str, api_key: str = TEST_API_KEY) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from openai import OpenAI
-from programs import cluster_program_id
+from programs import TEST_CLIENT_AUTH, cluster_program_id
 
 from cluster.launch.launcher import Endpoints
 from cluster.store.pins import LedgerEntry, TtlLedger
@@ -74,7 +74,9 @@ def test_tool_turn_is_pinned_in_the_ledger_until_the_session_closes(
     assert entry.tokens > 0
     assert entry.expires_at > time.time()
 
-    closed = httpx.delete(f"{cluster.api_base}/sessions/{program}", timeout=30)
+    closed = httpx.delete(
+        f"{cluster.api_base}/sessions/{program}", headers=TEST_CLIENT_AUTH, timeout=30
+    )
     assert closed.status_code == 200
     assert closed.json() == {"id": program, "object": "session", "deleted": True}
     assert wait_for(lambda: ledger_gone(ledger, program))
@@ -156,4 +158,4 @@ def test_pinning_metrics_are_exported(client: OpenAI, model_name: str, cluster: 
 
     text = wait_for(pins_exported, timeout_s=60)
     assert text is not None, "pinning metrics never appeared"
-    httpx.delete(f"{cluster.api_base}/sessions/{program}", timeout=30)
+    httpx.delete(f"{cluster.api_base}/sessions/{program}", headers=TEST_CLIENT_AUTH, timeout=30)
