@@ -40,8 +40,21 @@ def wait_for(check: Any, timeout_s: float = 15) -> Any:
     return value
 
 
-def ledger_gone(ledger: TtlLedger, program: str) -> bool | None:
-    return True if ledger.lookup(cluster_program_id(program)) is None else None
+def list_files_turn(client: OpenAI, model: str, program: str, directory: str) -> None:
+    """A turn of `program` that calls the list_files tool."""
+    client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": f"Which files are in {directory}?"}],
+        tools=[LIST_FILES_TOOL],
+        tool_choice="required",
+        max_tokens=48,
+        temperature=0,
+        extra_headers={"X-Session-ID": program},
+    )
+
+
+def ledger_gone(ledger: TtlLedger, program_in_cluster: str) -> bool | None:
+    return True if ledger.lookup(program_in_cluster) is None else None
 
 
 def test_tool_turn_is_pinned_in_the_ledger_until_the_session_closes(
@@ -79,7 +92,7 @@ def test_tool_turn_is_pinned_in_the_ledger_until_the_session_closes(
     )
     assert closed.status_code == 200
     assert closed.json() == {"id": program, "object": "session", "deleted": True}
-    assert wait_for(lambda: ledger_gone(ledger, program))
+    assert wait_for(lambda: ledger_gone(ledger, cluster_program_id(program)))
     ledger.close()
 
 
@@ -88,15 +101,7 @@ def test_the_same_session_id_from_two_api_keys_names_two_programs(
 ) -> None:
     program = f"tenants-e2e-{uuid.uuid4().hex[:8]}"
     owner = OpenAI(base_url=cluster.api_base, api_key="tenant-a", max_retries=0, timeout=120)
-    owner.chat.completions.create(
-        model=model_name,
-        messages=[{"role": "user", "content": "Which files are in /src?"}],
-        tools=[LIST_FILES_TOOL],
-        tool_choice="required",
-        max_tokens=48,
-        temperature=0,
-        extra_headers={"X-Session-ID": program},
-    )
+    list_files_turn(owner, model_name, program, "/src")
     ledger = TtlLedger(cluster.redis_url)
     owners_pin = cluster_program_id(program, "tenant-a")
     assert wait_for(lambda: ledger.lookup(owners_pin)), "the owner's pin never reached the ledger"
@@ -117,7 +122,7 @@ def test_the_same_session_id_from_two_api_keys_names_two_programs(
         timeout=30,
     )
     assert mine.json() == {"id": program, "object": "session", "deleted": True}
-    assert wait_for(lambda: True if ledger.lookup(owners_pin) is None else None)
+    assert wait_for(lambda: ledger_gone(ledger, owners_pin))
     ledger.close()
 
 
@@ -142,15 +147,7 @@ def test_requests_without_a_session_pin_nothing(
 
 def test_pinning_metrics_are_exported(client: OpenAI, model_name: str, cluster: Endpoints) -> None:
     program = f"pinning-metrics-{uuid.uuid4().hex[:8]}"
-    client.chat.completions.create(
-        model=model_name,
-        messages=[{"role": "user", "content": "Which files are in /etc?"}],
-        tools=[LIST_FILES_TOOL],
-        tool_choice="required",
-        max_tokens=48,
-        temperature=0,
-        extra_headers={"X-Session-ID": program},
-    )
+    list_files_turn(client, model_name, program, "/etc")
 
     def pins_exported() -> str | None:
         text = httpx.get(cluster.metrics_url, timeout=30).text
