@@ -365,6 +365,49 @@ class ServerConfig(_Strict):
         "ends). Ray Serve's default of 5 would queue agents in the HTTP proxy, in "
         "front of an engine with free capacity.",
     )
+    api_keys: list[str] = Field(
+        default_factory=list,
+        description="API keys the server accepts (`Authorization: Bearer KEY`); a "
+        "missing or unknown key gets 401. Empty, with no `api_keys_file`: no key is "
+        "required. Either way a key names its caller's tenant (callers without one "
+        "are one anonymous tenant): programs, pins, tool state and cached tool "
+        "outputs are the tenant's own.",
+    )
+    api_keys_file: Path | None = Field(
+        default=None,
+        description="A file of further accepted API keys, one per line (blank lines "
+        "and `#` comments skipped), read when the application is built: a "
+        "Kubernetes Secret mounted as a file.",
+    )
+    shared_prefix_cache: bool = Field(
+        default=False,
+        description="Let requests of different tenants hit each other's cached "
+        "prompt prefixes in the engine. Off: each tenant's prefix blocks are salted "
+        "with its tenant (vLLM's `cache_salt`), so a tenant cannot learn another's "
+        "prompts by timing a cache hit; on: common preambles (system prompt, tool "
+        "schemas) are prefilled once for all tenants.",
+    )
+    session_ttl_s: float = Field(
+        default=3600,
+        gt=0,
+        description="How long a session id stays known after its last turn or "
+        "tool-state reset; `DELETE /v1/sessions/{id}` of an id unknown to the "
+        "caller's tenant (never used, ended, or idle longer) answers 404.",
+    )
+
+    def accepted_api_keys(self) -> list[str]:
+        """`api_keys` and those in `api_keys_file`."""
+        keys = list(self.api_keys)
+        if self.api_keys_file is not None:
+            try:
+                lines = self.api_keys_file.read_text().splitlines()
+            except OSError as error:
+                raise ConfigError(
+                    f"server.api_keys_file {self.api_keys_file}: {error.strerror}"
+                ) from error
+            stripped = (line.strip() for line in lines)
+            keys += [key for key in stripped if key and not key.startswith("#")]
+        return keys
 
 
 class RoutingConfig(_Strict):

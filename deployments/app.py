@@ -12,6 +12,7 @@ from ray.serve.config import RequestRouterConfig
 from cluster.config import ModelDeploymentConfig, RoutingConfig, ToolserveConfig
 from deployments.ingress import ModelServerArgs, OpenAIIngress
 from deployments.model_server import ModelServer
+from deployments.tenants import ApiKeys, Tenancy
 from toolworkers.workers import ToolWorker
 
 MAIN_DEPLOYMENT = "main-model"
@@ -206,5 +207,10 @@ def build_application(
             deployment_id,
             config.tools,
             tool_workers,
+            Tenancy(
+                ApiKeys.of(config.server.accepted_api_keys()),
+                config.server.shared_prefix_cache,
+                config.server.session_ttl_s,
+            ),
         )
     )

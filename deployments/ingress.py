@@ -9,7 +9,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,7 @@ from cluster.config import ToolsConfig
 from cluster.store.pins import ControlOperation, PinningControl, PinStore
 from cluster.store.replicas import EngineState, ReplicaStatus, ReplicaStatusStore
 from cluster.store.responses import ResponseOwner, ResponseOwners
+from cluster.store.sessions import KnownSessions
 from cluster.store.tool_state import ToolStateUnavailable
 from deployments.continuation import TurnContext
 from deployments.errors import (
@@ -43,14 +44,13 @@ from deployments.model_client import (
 from deployments.model_server import ModelServer, ReplyHead, ReplyTail
 from deployments.pinning.settings import LAST_STEP_ARG
 from deployments.speculator import SpeculationTurn, Speculator
+from deployments.tenants import Tenancy, cache_salt, scoped_program_id
 from deployments.tool_api import (
     PostedToolOutput,
     TurnOptions,
     parse_tool_outputs,
     parse_tool_state,
     pop_turn_options,
-    scoped_program_id,
-    tenant_of,
 )
 from toolworkers.cache_keys import ArgumentsError, normalized_arguments
 from toolworkers.predictor import ObservedCall
@@ -205,8 +205,20 @@ async def _relay(
         yield "data: [DONE]\n\n"
 
 
-def health_report(roles: list[str], engines: list[dict[str, Any]]) -> dict[str, Any]:
-    """Ready replicas per role; a role none of whose replicas reported yet is starting."""
+REDIS_DOWN_DETAIL = (
+    "Redis unreachable: turns are still served, without what Redis holds (the tool "
+    "cache, the TTL ledger routing reads, replica reports, stateful tools' state, "
+    "response owners for /cache-tool-output); each resumes when Redis is back"
+)
+
+
+def health_report(
+    roles: list[str], engines: list[dict[str, Any]], redis_reachable: bool
+) -> dict[str, Any]:
+    """The cluster's health: `unavailable` while a model role has no ready replica
+    (turns would fail), `degraded` while every role is served but Redis is
+    unreachable or some replica is not ready, else `ok`; with each component's
+    state. A role none of whose replicas reported yet is starting."""
     reported = {engine["role"] for engine in engines}
     for role in roles:
         if role not in reported:
@@ -217,8 +229,36 @@ def health_report(roles: list[str], engines: list[dict[str, Any]]) -> dict[str, 
         role: sum(1 for e in engines if e["role"] == role and e["state"] == EngineState.READY.value)
         for role in roles
     }
-    status = "ok" if all(ready.values()) else "unavailable"
-    return {"status": status, "engines": engines, "ready_replicas": ready}
+    components: dict[str, dict[str, Any]] = {
+        role: {
+            "status": "ok"
+            if ready[role] == replicas
+            else "degraded"
+            if ready[role]
+            else "unavailable",
+            "ready_replicas": ready[role],
+            "replicas": replicas,
+        }
+        for role in roles
+        for replicas in [sum(1 for e in engines if e["role"] == role)]
+    }
+    components["redis"] = (
+        {"status": "ok"}
+        if redis_reachable
+        else {"status": "unreachable", "detail": REDIS_DOWN_DETAIL}
+    )
+    if not all(ready.values()):
+        status = "unavailable"
+    elif all(component["status"] == "ok" for component in components.values()):
+        status = "ok"
+    else:
+        status = "degraded"
+    return {
+        "status": status,
+        "components": components,
+        "engines": engines,
+        "ready_replicas": ready,
+    }
 
 
 # NOTE: Serve pickles the FastAPI app and its route functions by value when the
@@ -238,6 +278,7 @@ class OpenAIIngress:
         deployment_id: str,
         tools: ToolsConfig,
         tool_workers: DeploymentHandle | None,
+        tenancy: Tenancy,
     ):
         # NOTE: request validation uses vLLM's request model; importing vLLM takes
         # seconds, so pay for it at start-up rather than on the first request.
@@ -259,6 +300,8 @@ class OpenAIIngress:
         self._pins = PinStore(redis_url)
         self._replica_statuses = ReplicaStatusStore(redis_url)
         self._response_owners = ResponseOwners(redis_url)
+        self._sessions = KnownSessions(redis_url)
+        self._tenancy = tenancy
         self._deployment_id = deployment_id
         from toolworkers.workers import tool_executor
 
@@ -284,27 +327,44 @@ class OpenAIIngress:
     def _count(self, route: str, status: int) -> None:
         self._requests.inc(tags={"route": route, "status": str(status)})
 
+    def _tenant(self, request: Request) -> str:
+        """The caller's tenant; raises RequestRejected (401) for a key the server
+        does not accept."""
+        return self._tenancy.api_keys.tenant(request.headers.get("authorization"))
+
+    def _rejected(self, route: str, rejected: RequestRejected) -> JSONResponse:
+        self._count(route, rejected.error.status)
+        headers = {"WWW-Authenticate": "Bearer"} if rejected.error.status == 401 else None
+        return error_response(rejected.error, headers)
+
     @app.get("/v1/models")
-    async def models(self) -> dict[str, Any]:
+    async def models(self, request: Request) -> Response:
         """The main model, and the draft model (clients may ask it for predictions)."""
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": name,
-                    "object": "model",
-                    "created": self._created,
-                    "owned_by": "toolserve",
-                    "max_model_len": self._max_model_len,
-                }
-                for name in self._model_names()
-            ],
-        }
+        try:
+            self._tenant(request)
+        except RequestRejected as rejected:
+            return self._rejected("models", rejected)
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": name,
+                        "object": "model",
+                        "created": self._created,
+                        "owned_by": "toolserve",
+                        "max_model_len": self._max_model_len,
+                    }
+                    for name in self._model_names()
+                ],
+            }
+        )
 
     @app.get("/health")
     async def health(self) -> JSONResponse:
         """Every replica's engine (as reported to Redis; one per role when Redis is
-        down); ok while each role has at least one ready replica."""
+        down) and Redis itself: 200 while each model role has a ready replica
+        (`ok` or `degraded`), else 503 (`unavailable`)."""
         roles = {"main": self._main} | ({"draft": self._draft} if self._draft else {})
         reports = await self._replica_statuses.statuses(self._deployment_id)
         if reports is None:
@@ -314,8 +374,8 @@ class OpenAIIngress:
                 report.as_report()
                 for report in sorted(reports, key=lambda r: (r.role, r.replica_id))
             ]
-        report = health_report(list(roles), engines) | {"redis": reports is not None}
-        if report["status"] != "ok":
+        report = health_report(list(roles), engines, redis_reachable=reports is not None)
+        if report["status"] == "unavailable":
             waiting = [e for e in engines if e["state"] != EngineState.READY.value] or engines
             not_ready = "; ".join(f"{e['role']}: {e['detail']}" for e in waiting)
             body = engine_not_ready(not_ready).body() | report
@@ -344,21 +404,28 @@ class OpenAIIngress:
         started = time.monotonic()
         route = "chat_completions"
         try:
+            tenant = self._tenant(request)
             parsed = parse_chat_body(await request.body(), self._model_names())
             client_program_id = program_id_for(request.headers.get(SESSION_HEADER), parsed.body)
         except RequestRejected as rejected:
-            self._count(route, rejected.error.status)
-            return error_response(rejected.error)
-        tenant = tenant_of(request.headers.get("authorization"))
+            return self._rejected(route, rejected)
         program_id = scoped_program_id(tenant, client_program_id)
         chat = parsed.request
         chat.session_id = program_id
+        salt = cache_salt(tenant, chat.cache_salt, self._tenancy.shared_prefix_cache)
+        chat.cache_salt = salt
+        parsed.body["cache_salt"] = salt
+        records: list[Awaitable[object]] = []
         if client_program_id.startswith(ONESHOT_PREFIX):
             mark_last_step(chat)
+        else:
+            records.append(self._sessions.touch(program_id, self._tenancy.session_ttl_s))
         headers = {SESSION_HEADER: client_program_id}
         if chat.tools:  # a reply can only make calls, whose outputs come back, with tools
             owner = ResponseOwner(f"chatcmpl-{chat.request_id}", tenant, program_id)
-            await self._response_owners.record(owner, self._tools_config.cache.response_owner_ttl_s)
+            owner_ttl_s = self._tools_config.cache.response_owner_ttl_s
+            records.append(self._response_owners.record(owner, owner_ttl_s))
+        await asyncio.gather(*records)
         to_draft = self._draft_model is not None and chat.model == self._draft_model
         execute_tools = parsed.options.execute_tools
         speculation = (
@@ -444,8 +511,17 @@ class OpenAIIngress:
         whichever replica holds it, and drop its stateful tools' state."""
         route = "sessions"
         client_program_id = program_id
-        tenant = tenant_of(request.headers.get("authorization"))
+        try:
+            tenant = self._tenant(request)
+        except RequestRejected as rejected:
+            return self._rejected(route, rejected)
         program_id = scoped_program_id(tenant, client_program_id)
+        if await self._sessions.forget(program_id) is False:
+            unknown = ApiError(
+                404, f"No session {client_program_id!r}", "session_not_found", "program_id"
+            )
+            self._count(route, unknown.status)
+            return error_response(unknown)
         try:
             ended = PinningControl(ControlOperation.END_PROGRAM, program_id)
             if await self._pins.send_control(ended) == 0:
@@ -464,30 +540,33 @@ class OpenAIIngress:
         """Starts a stateful tool slot of the program over from the scenario in the
         body (for BFCL's backends, the class's `initial_config`)."""
         route = "tool_state"
-        tenant = tenant_of(request.headers.get("authorization"))
         try:
+            tenant = self._tenant(request)
             scenario = parse_tool_state(
                 await request.body(), slot, self._tools.registry.state_slots()
             )
-            await self._tools.states.set_scenario(
-                tenant, scoped_program_id(tenant, program_id), slot, scenario
-            )
+            scoped_id = scoped_program_id(tenant, program_id)
+            await self._tools.states.set_scenario(tenant, scoped_id, slot, scenario)
         except RequestRejected as rejected:
-            self._count(route, rejected.error.status)
-            return error_response(rejected.error)
+            return self._rejected(route, rejected)
         except ToolStateUnavailable as error:
             unavailable = ApiError(503, f"tool state unavailable: {error}", "state_unavailable")
             self._count(route, unavailable.status)
             return error_response(unavailable)
+        await self._sessions.touch(scoped_id, self._tenancy.session_ttl_s)
         self._count(route, 200)
         return JSONResponse(
             {"object": "tool_state", "program_id": program_id, "slot": slot, "reset": True}
         )
 
     @app.get("/v1/tools")
-    async def hosted_tools(self) -> dict[str, Any]:
+    async def hosted_tools(self, request: Request) -> Response:
         """The hosted tools' OpenAI schemas, to put in a request's `tools`."""
-        return {"object": "list", "data": self._tools.registry.openai_schemas()}
+        try:
+            self._tenant(request)
+        except RequestRejected as rejected:
+            return self._rejected("tools", rejected)
+        return JSONResponse({"object": "list", "data": self._tools.registry.openai_schemas()})
 
     @app.post("/cache-tool-output/{response_id}")
     async def cache_tool_output(self, response_id: str, request: Request) -> Response:
@@ -496,16 +575,15 @@ class OpenAIIngress:
         and later turns find them."""
         route = "cache_tool_output"
         try:
-            owner = await self._response_owner(response_id, request)
+            owner = await self._response_owner(response_id, self._tenant(request))
             outputs = parse_tool_outputs(await request.body())
             cached = await self._cache_outputs(owner, outputs)
         except RequestRejected as rejected:
-            self._count(route, rejected.error.status)
-            return error_response(rejected.error)
+            return self._rejected(route, rejected)
         self._count(route, 200)
         return JSONResponse({"cached": cached})
 
-    async def _response_owner(self, response_id: str, request: Request) -> ResponseOwner:
+    async def _response_owner(self, response_id: str, tenant: str) -> ResponseOwner:
         try:
             owner = await self._response_owners.owner(response_id)
         except Exception as error:
@@ -523,7 +601,7 @@ class OpenAIIngress:
                     "response_id",
                 )
             )
-        if owner.tenant != tenant_of(request.headers.get("authorization")):
+        if owner.tenant != tenant:
             raise RequestRejected(
                 ApiError(
                     403,

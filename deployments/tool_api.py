@@ -1,10 +1,9 @@
-"""Request-side pieces of the tool API: who is calling (tenant), a turn's
-`toolserve` options, the body of `POST /cache-tool-output/{response_id}` and
-that of `PUT /v1/sessions/{program_id}/tool-state/{slot}`."""
+"""Request-side pieces of the tool API: a turn's `toolserve` options, the body
+of `POST /cache-tool-output/{response_id}` and that of
+`PUT /v1/sessions/{program_id}/tool-state/{slot}`."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
@@ -13,25 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from deployments.errors import ApiError, RequestRejected, invalid_request
 
 TURN_OPTIONS_FIELD = "toolserve"
-ANONYMOUS_TENANT = "anonymous"
-
-
-def tenant_of(authorization: str | None) -> str:
-    """Callers are told apart by their API key (never stored, only its digest)."""
-    if not authorization:
-        return ANONYMOUS_TENANT
-    key = authorization.removeprefix("Bearer ").strip()
-    if not key:
-        return ANONYMOUS_TENANT
-    return "key-" + hashlib.sha256(key.encode()).hexdigest()[:24]
-
-
-def scoped_program_id(tenant: str, program_id: str) -> str:
-    """The program id the cluster keys a caller's program by (pins, TTL ledger,
-    program FCFS, routing, tool state): the same id from two API keys names two
-    programs, so one key can neither join nor end another's program. Callers
-    without a key share one namespace, their ids as sent."""
-    return program_id if tenant == ANONYMOUS_TENANT else f"{tenant}/{program_id}"
 
 
 class TurnOptions(BaseModel):

@@ -32,7 +32,7 @@ def draft_request(
     tool_choice = body.get("tool_choice")
     if samples == 0 or not body.get("tools") or tool_choice == "none":
         return None
-    return {
+    request: dict[str, Any] = {
         "model": draft_model,
         "messages": body["messages"],
         "tools": body["tools"],
@@ -42,6 +42,9 @@ def draft_request(
         "max_tokens": config.draft_max_tokens,
         "stream": False,
     }
+    if body.get("cache_salt") is not None:  # the turn's own cached prefix
+        request["cache_salt"] = body["cache_salt"]
+    return request
 
 
 def _reply_message(choice: dict[str, Any]) -> dict[str, Any]:

@@ -229,8 +229,9 @@ def _health_summary(health_url: str, wanted_replicas: dict[str, int]) -> str:
         if engine.get("state") == "failed"
     )
     ready = report.get("ready_replicas", {})
-    all_ready = not report.get("redis") or all(
+    redis_up = report.get("components", {}).get("redis", {}).get("status") == "ok"
+    all_ready = not redis_up or all(
         ready.get(role, 0) >= count for role, count in wanted_replicas.items()
     )
     status = "ok" if response.status_code == 200 and all_ready else "starting"
-    return f"{status} ({engines}; redis={'up' if report.get('redis') else 'down'}){failures}"
+    return f"{status} ({engines}; redis={'up' if redis_up else 'down'}){failures}"

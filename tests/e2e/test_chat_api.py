@@ -115,7 +115,8 @@ def test_health_reports_engines_and_redis(
     assert report["status"] == "ok"
     roles = {"main"} | ({"draft"} if cluster_config.draft_replicas else set())
     assert {engine["role"] for engine in report["engines"]} == roles
-    assert report["redis"] is True
+    assert report["components"]["redis"] == {"status": "ok"}
+    assert report["components"]["main"]["status"] == "ok"
 
 
 def test_plain_chat(client: OpenAI, model_name: str) -> None:

@@ -111,7 +111,8 @@ def test_the_same_session_id_from_two_api_keys_names_two_programs(
         headers={"Authorization": "Bearer tenant-b"},
         timeout=30,
     )
-    assert other.status_code == 200
+    assert other.status_code == 404, other.text
+    assert other.json()["error"]["code"] == "session_not_found"
     ledger_caught_up()
     assert ledger.lookup(owners_pin) is not None, "another key ended the owner's program"
     assert ledger.lookup(program) is None and ledger.lookup(cluster_program_id(program)) is None
@@ -124,6 +125,12 @@ def test_the_same_session_id_from_two_api_keys_names_two_programs(
     assert mine.json() == {"id": program, "object": "session", "deleted": True}
     assert wait_for(lambda: ledger_gone(ledger, owners_pin))
     ledger.close()
+    again = httpx.delete(
+        f"{cluster.api_base}/sessions/{program}",
+        headers={"Authorization": "Bearer tenant-a"},
+        timeout=30,
+    )
+    assert again.status_code == 404, "an ended session is no longer known"
 
 
 def test_requests_without_a_session_pin_nothing(

@@ -1,4 +1,4 @@
-"""Tenant identity, turn options, the `/cache-tool-output` body and the tool-state
+"""Turn options, the `/cache-tool-output` body and the tool-state
 body, without a cluster."""
 
 from __future__ import annotations
@@ -10,30 +10,12 @@ import pytest
 
 from deployments.errors import ApiError, RequestRejected
 from deployments.tool_api import (
-    ANONYMOUS_TENANT,
     PostedToolOutput,
     TurnOptions,
     parse_tool_outputs,
     parse_tool_state,
     pop_turn_options,
-    scoped_program_id,
-    tenant_of,
 )
-
-
-def test_tenants_are_told_apart_by_api_key_without_storing_it() -> None:
-    first = tenant_of("Bearer sk-one")
-    assert first == tenant_of("Bearer sk-one")
-    assert first != tenant_of("Bearer sk-two")
-    assert "sk-one" not in first
-    assert tenant_of(None) == tenant_of("") == tenant_of("Bearer ") == ANONYMOUS_TENANT
-
-
-def test_a_program_id_is_scoped_by_its_callers_key_and_anonymous_ids_stay_as_sent() -> None:
-    one, two = tenant_of("Bearer sk-one"), tenant_of("Bearer sk-two")
-    assert scoped_program_id(one, "agent-7") != scoped_program_id(two, "agent-7")
-    assert scoped_program_id(one, "agent-7") == scoped_program_id(one, "agent-7")
-    assert scoped_program_id(ANONYMOUS_TENANT, "agent-7") == "agent-7"
 
 
 def test_turn_options_are_removed_from_the_body() -> None:
