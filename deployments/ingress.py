@@ -362,18 +362,23 @@ class OpenAIIngress:
 
     @app.get("/health")
     async def health(self) -> JSONResponse:
-        """Every replica's engine (as reported to Redis; one per role when Redis is
-        down) and Redis itself: 200 while each model role has a ready replica
+        """Every replica's engine (as reported to Redis; one per role without
+        reports) and Redis itself: 200 while each model role has a ready replica
         (`ok` or `degraded`), else 503 (`unavailable`)."""
         roles = {"main": self._main} | ({"draft": self._draft} if self._draft else {})
         reports = await self._replica_statuses.statuses(self._deployment_id)
-        if reports is None:
-            engines = [await self._status_of(role, model) for role, model in roles.items()]
-        else:
-            engines = [
-                report.as_report()
-                for report in sorted(reports, key=lambda r: (r.role, r.replica_id))
-            ]
+        engines = [
+            report.as_report()
+            for report in sorted(reports or [], key=lambda r: (r.role, r.replica_id))
+        ]
+        # A role without reports (Redis down, or just back and not yet re-announced
+        # to) is asked directly: one of its replicas answers for it.
+        reported = {engine["role"] for engine in engines}
+        engines += [
+            await self._status_of(role, model)
+            for role, model in roles.items()
+            if role not in reported
+        ]
         report = health_report(list(roles), engines, redis_reachable=reports is not None)
         if report["status"] == "unavailable":
             waiting = [e for e in engines if e["state"] != EngineState.READY.value] or engines

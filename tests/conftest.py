@@ -17,7 +17,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     the shared cluster starts, so they never share the two cores with it."""
 
     def phase(item: pytest.Item) -> int:
-        if item.get_closest_marker("e2e") is None and item.get_closest_marker("engine") is None:
+        if not any(item.get_closest_marker(name) for name in ("e2e", "engine", "reliability")):
             return 0
         return 2 if "cluster" in getattr(item, "fixturenames", ()) else 1
 

@@ -59,8 +59,15 @@ def ensure_redis(url: str | None, work_dir: Path, log: Callable[[str], None]) ->
         return RedisServer(url)
     if url:
         log(f"redis: {url} is not reachable; starting a local redis-server")
+    return start_redis_server(work_dir, log)
+
+
+def start_redis_server(
+    work_dir: Path, log: Callable[[str], None], port: int | None = None
+) -> RedisServer:
+    """Our own `redis-server` (no persistence) on `port`, else on a free one."""
     binary = shutil.which("redis-server") or _install_redis(log)
-    port = free_port()
+    port = port or free_port()
     work_dir.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(
         [
