@@ -197,6 +197,11 @@ class _PinningMetrics:
         self._pinned_tokens = Gauge(
             "toolserve_kv_pinned_tokens", description="Context tokens of the pinned programs."
         )
+        self._free_blocks = Gauge(
+            "toolserve_kv_free_blocks",
+            description="KV blocks free in the engine now (idle and unpinned: all but one, "
+            "the block vLLM reserves), read even while the engine is idle.",
+        )
         self._ttl = Histogram(
             "toolserve_kv_pin_ttl_s",
             description="TTL chosen for each pin once its tool was known.",
@@ -230,6 +235,7 @@ class _PinningMetrics:
                 self._releases.inc(delta, tags={"reason": reason})
         self._pinned_blocks.set(stats["pinned_blocks"])
         self._pinned_tokens.set(stats["pinned_tokens"])
+        self._free_blocks.set(stats["free_blocks"])
         for ttl in stats["chosen_ttls_s"]:
             self._ttl.observe(ttl)
         for share in stats["holding_costs"]:

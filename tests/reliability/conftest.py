@@ -1,0 +1,45 @@
+"""One cluster for the reliability suite, on a Redis of its own that tests may
+stop and start again (the machine's Redis is never touched)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from own_redis import OwnRedis
+
+from cluster.config import RedisConfig, ToolserveConfig, load_config
+from cluster.launch.launcher import Endpoints, LocalCluster
+from cluster.net import free_port
+
+
+@pytest.fixture(scope="package")
+def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnRedis]:
+    redis = OwnRedis(tmp_path_factory.mktemp("own-redis"))
+    redis.start()
+    try:
+        yield redis
+    finally:
+        redis.stop()
+
+
+@pytest.fixture(scope="package")
+def reliability_config(own_redis: OwnRedis) -> ToolserveConfig:
+    """The embedded default on its own ports and Redis."""
+    config = load_config()
+    return config.model_copy(
+        update={
+            "name": "toolserve-reliability",
+            "redis": RedisConfig(url=own_redis.url),
+            "server": config.server.model_copy(update={"port": free_port()}),
+            "ray": config.ray.model_copy(update={"metrics_export_port": free_port()}),
+        }
+    )
+
+
+@pytest.fixture(scope="package")
+def reliability_cluster(reliability_config: ToolserveConfig) -> Iterator[Endpoints]:
+    with LocalCluster(
+        reliability_config, log=lambda line: print(f"[reliability] {line}")
+    ) as cluster:
+        yield cluster
