@@ -497,6 +497,13 @@ class SandboxLimits(_Strict):
         description="Let tools open sockets. Off: an empty network namespace where the "
         "kernel allows one, and socket calls refused in the tool process either way.",
     )
+    allowed_paths: list[str] = Field(
+        default_factory=list,
+        description="Further paths every tool may read and write. Beyond them a tool "
+        "reads only its call directory, absolute paths in its `options` and the Python "
+        "installation, writes only its call directory and paths in its `options`, and "
+        "starts no process, calls no foreign code (ctypes) and signals only itself.",
+    )
 
 
 class HostedToolConfig(_Strict):

@@ -243,6 +243,7 @@ def _request_line(call: SandboxCall, limits: SandboxLimits, partial: bool) -> by
             "cpu_s": min(limits.cpu_s, call.timeout_s + 1),
             "max_file_bytes": limits.max_file_bytes,
             "network": limits.network,
+            "allowed_paths": limits.allowed_paths,
         },
     }
     if partial:

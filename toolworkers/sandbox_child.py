@@ -22,6 +22,41 @@ _CLONE_NEWNET = 0x40000000
 _NETWORK_EVENTS = frozenset(
     {"socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo"}
 )
+_PROCESS_EVENTS = frozenset(
+    {
+        "os.exec",
+        "os.fork",
+        "os.forkpty",
+        "os.posix_spawn",
+        "os.spawn",
+        "os.system",
+        "pty.spawn",
+        "subprocess.Popen",
+    }
+)
+# Foreign calls could do anything the audit events below are there to refuse
+# (ptrace, raw syscalls); the sandbox's own ctypes use happens before the hook.
+_FOREIGN_CODE_EVENTS = frozenset({"ctypes.dlopen", "ctypes.dlsym", "ctypes.call_function"})
+_SIGNAL_EVENTS = frozenset({"os.kill", "os.killpg"})
+_READ_EVENTS = frozenset({"os.listdir", "os.scandir"})
+_WRITE_EVENTS = frozenset(
+    {
+        "os.chmod",
+        "os.chown",
+        "os.link",
+        "os.mkdir",
+        "os.remove",
+        "os.rename",
+        "os.rmdir",
+        "os.symlink",
+        "os.truncate",
+        "os.utime",
+        "shutil.rmtree",
+    }
+)
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_READABLE_SYSTEM_PATHS = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
+_NETWORK_CONFIGURATION = ("/etc/hosts", "/etc/resolv.conf", "/etc/nsswitch.conf", "/etc/ssl")
 
 
 def _deny_network(event: str, _args: tuple[Any, ...]) -> None:
@@ -29,7 +64,88 @@ def _deny_network(event: str, _args: tuple[Any, ...]) -> None:
         raise PermissionError("network access is disabled for this tool")
 
 
-def _limit_self(limits: dict[str, Any]) -> None:
+def _within(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+class _Confinement:
+    """What a tool process may do beyond computing: read its call directory,
+    paths named in its options, the Python installation it runs on and a few
+    devices; write its call directory and option paths; start no process, call
+    no foreign code, signal only itself."""
+
+    def __init__(self, request: dict[str, Any]):
+        limits = request["limits"]
+        granted = [
+            value
+            for value in request["options"].values()
+            if isinstance(value, str) and os.path.isabs(value)
+        ] + list(limits["allowed_paths"])
+        self._writable = tuple(os.path.realpath(path) for path in [os.getcwd(), *granted])
+        python = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+        python.update(entry for entry in sys.path if entry)
+        python.update(_package_roots(request["function"]))
+        readable = {os.path.realpath(path) for path in python}
+        readable.update(_READABLE_SYSTEM_PATHS)
+        readable.add(f"/proc/{os.getpid()}")
+        if limits["network"]:
+            readable.update(_NETWORK_CONFIGURATION)
+        self._readable = (*self._writable, *sorted(readable))
+
+    def __call__(self, event: str, args: tuple[Any, ...]) -> None:
+        if event in _PROCESS_EVENTS:
+            raise PermissionError("starting processes is disabled for this tool")
+        if event in _FOREIGN_CODE_EVENTS:
+            raise PermissionError("foreign code (ctypes) is disabled for this tool")
+        if event in _SIGNAL_EVENTS and args[0] not in (os.getpid(), 0):
+            raise PermissionError("this tool may signal only its own process")
+        if event == "open":
+            path, mode, flags = args
+            writes = (mode is not None and any(c in mode for c in "wax+")) or bool(
+                (flags or 0) & _WRITE_FLAGS
+            )
+            self._check(path, writes)
+        elif event in _READ_EVENTS:
+            self._check(args[0] if args else ".", writes=False)
+        elif event == "os.symlink":  # where the link points is checked on use
+            self._check(args[1], writes=True)
+        elif event in _WRITE_EVENTS:
+            self._check(args[0], writes=True)
+            if event in ("os.rename", "os.link"):
+                self._check(args[1], writes=True)
+
+    def _check(self, path: Any, writes: bool) -> None:
+        if isinstance(path, int) or path is None:
+            return  # an open descriptor: checked when it was opened
+        resolved = os.path.realpath(os.fsdecode(path))
+        roots = self._writable if writes else self._readable
+        if not _within(resolved, roots):
+            access = "write" if writes else "read"
+            raise PermissionError(
+                f"filesystem: this tool may not {access} {resolved} (it may read its call "
+                "directory, paths in its options and the Python installation, and write "
+                "its call directory and paths in its options)"
+            )
+
+
+def _package_roots(function_reference: str) -> list[str]:
+    """Where the tool's top-level package lives (found without importing it)."""
+    import importlib.util
+
+    top_level = function_reference.partition(":")[0].partition(".")[0]
+    try:
+        spec = importlib.util.find_spec(top_level)
+    except (ImportError, ValueError):
+        return []
+    if spec is None:
+        return []
+    locations = list(spec.submodule_search_locations or [])
+    if spec.origin and os.path.isabs(spec.origin):
+        locations.append(os.path.dirname(spec.origin))
+    return [os.path.dirname(location) for location in locations] + locations
+
+
+def _limit_self(limits: dict[str, Any], confinement: _Confinement) -> None:
     memory_bytes = int(limits["memory_mb"]) * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     cpu_s = max(1, int(limits["cpu_s"]))
@@ -42,6 +158,7 @@ def _limit_self(limits: dict[str, Any]) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.unshare(_CLONE_NEWNET)
         sys.addaudithook(_deny_network)
+    sys.addaudithook(confinement)
 
 
 def _failure(error_kind: str, message: str) -> dict[str, Any]:
@@ -120,7 +237,7 @@ def main() -> None:
     result_stream = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    _limit_self(request["limits"])
+    _limit_self(request["limits"], _Confinement(request))
     try:
         result = _run(request, iter(sys.stdin.buffer.readline, b""))
     except MemoryError:

@@ -75,3 +75,56 @@ def where_am_i() -> str:
 
 def with_root(path: str, *, root: str) -> str:
     return f"{root}/{path}"
+
+
+def read_file(path: str) -> str:
+    return Path(path).read_text()[:100]
+
+
+def write_file(path: str) -> str:
+    Path(path).write_text("escaped")
+    return "written"
+
+
+def list_directory(path: str) -> str:
+    return ",".join(sorted(os.listdir(path))[:5])
+
+
+def read_through_symlink(target: str) -> str:
+    Path("link").symlink_to(target)
+    return Path("link").read_text()[:100]
+
+
+def fork_bomb() -> str:
+    while True:
+        os.fork()
+
+
+def spawn_shell() -> str:
+    import subprocess
+
+    return subprocess.run(["sh", "-c", "id"], capture_output=True, text=True).stdout
+
+
+def shell_out() -> str:
+    return str(os.system("id"))
+
+
+def ptrace_parent() -> str:
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    return str(libc.ptrace(16, os.getppid(), 0, 0))  # PTRACE_ATTACH
+
+
+def kill_parent() -> str:
+    os.kill(os.getppid(), signal.SIGKILL)
+    return "killed"
+
+
+def environment() -> str:
+    return ",".join(sorted(os.environ))
+
+
+def read_under(path: str, *, root: str) -> str:
+    return (Path(root) / path).read_text()

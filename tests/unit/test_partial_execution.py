@@ -25,7 +25,7 @@ from toolworkers.workers import ToolWorker
 LIMITS = SandboxLimits(memory_mb=512, cpu_s=30, max_output_bytes=64 * 1024)
 
 
-def executor(redis_url: str) -> ToolExecutor:
+def executor(redis_url: str, writable: Path | None = None) -> ToolExecutor:
     config = ToolsConfig(
         hosted=[
             HostedToolConfig(function="toolworkers.python_tool:python"),
@@ -34,7 +34,8 @@ def executor(redis_url: str) -> ToolExecutor:
             HostedToolConfig(function="toolworkers.plan_tool:run_plan"),
         ]
     )
-    worker = ToolWorker(LIMITS, redis_url)
+    limits = LIMITS.model_copy(update={"allowed_paths": [str(writable)] if writable else []})
+    worker = ToolWorker(limits, redis_url)
 
     async def run_whole(call: SandboxCall) -> ToolResult:
         return await worker.run(call)
@@ -105,7 +106,7 @@ def test_the_tool_runs_statements_while_the_call_is_written(redis_url: str, tmp_
     cut = next(at for at in range(len(fragments)) if "print(6" in "".join(written[: at + 1])) + 1
 
     async def scenario() -> tuple[bool, bool, str | None]:
-        partial = PartialExecution(executor(redis_url), {"python", "calculator"})
+        partial = PartialExecution(executor(redis_url, tmp_path), {"python", "calculator"})
         for fragment in fragments[:cut]:
             await partial.feed([fragment])
         ran_before_the_call_closed = await wait_for(marker)

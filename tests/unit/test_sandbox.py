@@ -183,8 +183,10 @@ async def partial_call(pieces: list[str], arguments: dict[str, object]) -> ToolR
 def test_a_partial_call_runs_its_pieces_before_it_is_finished(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
 
+    limits = LIMITS.model_copy(update={"allowed_paths": [str(tmp_path)]})
+
     async def scenario() -> ToolResult:
-        call = sandbox.PartialCall(SandboxCall(PYTHON_TOOL, {}, {}, 20.0), LIMITS)
+        call = sandbox.PartialCall(SandboxCall(PYTHON_TOOL, {}, {}, 20.0), limits)
         await call.start()
         call.feed(f"open({str(marker)!r}, 'w').write('ran')\n")
         for _ in range(200):
@@ -241,3 +243,38 @@ def test_an_abandoned_partial_call_leaves_no_process() -> None:
             return
         time.sleep(0.05)
     pytest.fail(f"process {pid} still runs after the call was abandoned")
+
+
+@pytest.mark.parametrize(
+    ("probe", "arguments", "limit"),
+    [
+        ("read_file", {"path": "/etc/passwd"}, "may not read /etc/passwd"),
+        ("read_file", {"path": "/proc/1/environ"}, "may not read /proc/1/environ"),
+        ("list_directory", {"path": "/"}, "may not read /"),
+        ("read_through_symlink", {"target": "/etc/hostname"}, "may not read /etc/hostname"),
+        ("write_file", {"path": "/toolserve-escape"}, "may not write /toolserve-escape"),
+        ("write_file", {"path": "../escape.txt"}, "may not write"),
+        ("fork_bomb", {}, "starting processes is disabled"),
+        ("spawn_shell", {}, "starting processes is disabled"),
+        ("shell_out", {}, "starting processes is disabled"),
+        ("ptrace_parent", {}, "foreign code (ctypes) is disabled"),
+        ("kill_parent", {}, "may signal only its own process"),
+    ],
+)
+def test_escape_attempts_are_clean_tool_errors_naming_the_limit(
+    probe: str, arguments: dict[str, object], limit: str
+) -> None:
+    result = run(probe, arguments)
+    assert (result.ok, result.error_kind) == (False, "tool_error"), result
+    assert limit in result.output, result.output
+    assert run("echo", {"text": "still here"}).output == "still here"
+
+
+def test_a_tool_reads_and_writes_its_call_directory_and_its_option_paths(tmp_path: Path) -> None:
+    data = tmp_path / "data.txt"
+    data.write_text("granted")
+    assert run("read_file", {"path": str(data)}).output.startswith("PermissionError")
+    granted = run("read_under", {"path": "data.txt"}, options={"root": str(tmp_path)})
+    assert granted.output == "granted"
+    assert run("where_am_i").ok, "the call directory stays writable"
+    assert "SECRET" not in run("environment").output
