@@ -95,14 +95,14 @@ class Agent:
         return httpx.delete(url, headers=AUTH, timeout=30).status_code
 
 
-def run_agents(agents: list[Agent], until: Callable[[], bool]) -> Counter[str]:
-    """Each agent makes turns, concurrently with the others, until `until()`;
+def run_agents(agents: list[Agent], done: Callable[[Agent], bool]) -> Counter[str]:
+    """Each agent makes turns, concurrently with the others, until it is `done`;
     returns the turns' outcomes ("ok" or the failure)."""
     outcomes: Counter[str] = Counter()
     lock = threading.Lock()
 
     def drive(agent: Agent) -> None:
-        while not until():
+        while not done(agent):
             try:
                 agent.turn()
                 outcome = "ok"
@@ -119,11 +119,10 @@ def run_agents(agents: list[Agent], until: Callable[[], bool]) -> Counter[str]:
     return outcomes
 
 
-def each_made(agents: list[Agent], turns: int) -> Callable[[], bool]:
-    start = [agent.turns for agent in agents]
-    return lambda: all(
-        agent.turns >= done + turns for agent, done in zip(agents, start, strict=True)
-    )
+def turns_more(agents: list[Agent], turns: int) -> Callable[[Agent], bool]:
+    """Done once the agent made `turns` more turns than it has now."""
+    targets = {id(agent): agent.turns + turns for agent in agents}
+    return lambda agent: agent.turns >= targets[id(agent)]
 
 
 def health(endpoints: Endpoints) -> tuple[int, dict[str, Any]]:

@@ -16,10 +16,10 @@ import redis
 from agents import (
     Agent,
     calculator_tool,
-    each_made,
     metric,
     pins_released,
     run_agents,
+    turns_more,
     wait_for,
 )
 
@@ -69,11 +69,11 @@ def test_agents_under_load_fail_no_turn_and_leave_nothing_behind(
         Agent(reliability_cluster, model, calculator, CLIENT_TOOL_LATENCY_S) for _ in range(AGENTS)
     ]
 
-    warm_up = run_agents(agents, each_made(agents, 1))
+    warm_up = run_agents(agents, turns_more(agents, 1))
     processes = _serving_processes()
     assert processes, "no serving process found"
     warm_mb = _resident_mb(processes)
-    load = run_agents(agents, each_made(agents, TURNS - 1))
+    load = run_agents(agents, turns_more(agents, TURNS - 1))
     ended = [agent.end(reliability_cluster) for agent in agents]
     released = pins_released(reliability_cluster, agents, 60)
     end_mb = _resident_mb(processes)

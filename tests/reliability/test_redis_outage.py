@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from agents import Agent, calculator_tool, each_made, health, pins_released, run_agents, wait_for
+from agents import Agent, calculator_tool, health, pins_released, run_agents, turns_more, wait_for
 from own_redis import OwnRedis
 
 from cluster.config import ToolserveConfig
@@ -27,19 +27,19 @@ def test_agents_are_served_through_a_redis_outage_and_leave_no_pins(
     calculator = calculator_tool(reliability_cluster)
     agents = [Agent(reliability_cluster, model, calculator) for _ in range(AGENTS)]
 
-    before = run_agents(agents, each_made(agents, 2))
+    before = run_agents(agents, turns_more(agents, 2))
     assert health(reliability_cluster)[1]["status"] == "ok"
 
     own_redis.stop()
     outage_ends = time.monotonic() + OUTAGE_S
-    during = run_agents(agents, lambda: time.monotonic() >= outage_ends)
+    during = run_agents(agents, lambda _: time.monotonic() >= outage_ends)
     status, report = health(reliability_cluster)
     assert status == 200 and report["status"] == "degraded", report
     assert report["components"]["redis"]["status"] == "unreachable"
 
     own_redis.start()
     recovered_after_s = wait_for(lambda: health(reliability_cluster)[1]["status"] == "ok", 60)
-    after = run_agents(agents, each_made(agents, 2))
+    after = run_agents(agents, turns_more(agents, 2))
     print(
         f"[reliability] redis outage {OUTAGE_S:.0f}s, {AGENTS} agents: turns before "
         f"{dict(before)}, during {dict(during)}, after {dict(after)}; "
