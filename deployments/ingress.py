@@ -229,19 +229,13 @@ def health_report(
         role: sum(1 for e in engines if e["role"] == role and e["state"] == EngineState.READY.value)
         for role in roles
     }
-    components: dict[str, dict[str, Any]] = {
-        role: {
-            "status": "ok"
-            if ready[role] == replicas
-            else "degraded"
-            if ready[role]
-            else "unavailable",
-            "ready_replicas": ready[role],
-            "replicas": replicas,
-        }
-        for role in roles
-        for replicas in [sum(1 for e in engines if e["role"] == role)]
-    }
+    components: dict[str, dict[str, Any]] = {}
+    for role in roles:
+        replicas = sum(1 for e in engines if e["role"] == role)
+        status = (
+            "unavailable" if not ready[role] else "ok" if ready[role] == replicas else "degraded"
+        )
+        components[role] = {"status": status, "ready_replicas": ready[role], "replicas": replicas}
     components["redis"] = (
         {"status": "ok"}
         if redis_reachable
