@@ -365,6 +365,17 @@ class ServerConfig(_Strict):
         "ends). Ray Serve's default of 5 would queue agents in the HTTP proxy, in "
         "front of an engine with free capacity.",
     )
+    max_queued_requests: int = Field(
+        default=64,
+        ge=1,
+        description="Requests that may wait for one of `max_ongoing_requests`; one "
+        "more is refused at once with 429 and `Retry-After` (Ray Serve's backpressure, "
+        "whose body is Serve's plain text, not an OpenAI error), so an overloaded "
+        "server answers instead of hanging.",
+    )
+    retry_after_s: float = Field(
+        default=1, ge=0, description="The `Retry-After` of a request refused with 429."
+    )
     api_keys: list[str] = Field(
         default_factory=list,
         description="API keys the server accepts (`Authorization: Bearer KEY`); a "

@@ -7,7 +7,7 @@ from typing import Any
 
 from ray import serve
 from ray.serve import Application
-from ray.serve.config import RequestRouterConfig
+from ray.serve.config import BackpressureConfig, RequestRouterConfig
 
 from cluster.config import ModelDeploymentConfig, RoutingConfig, ToolserveConfig
 from deployments.ingress import ModelServerArgs, OpenAIIngress
@@ -195,6 +195,10 @@ def build_application(
             name=INGRESS_DEPLOYMENT,
             num_replicas=1,
             max_ongoing_requests=config.server.max_ongoing_requests,
+            max_queued_requests=config.server.max_queued_requests,
+            backpressure_config=BackpressureConfig(
+                status_code=429, retry_after_s=config.server.retry_after_s
+            ),
             **ingress_options,
         )
         .bind(

@@ -22,6 +22,10 @@ from cluster.launch.launcher import Endpoints
 from cluster.store.pins import TtlLedger
 
 API_KEY = "reliability"
+MAX_ONGOING_REQUESTS = 72
+"""The suite's cluster holds this many requests at once: more than the largest
+load run's agents."""
+MAX_QUEUED_REQUESTS = 8
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 WEATHER_TOOL: Any = {
     "type": "function",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from agents import MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS
 from own_redis import OwnRedis
 
 from cluster.config import RedisConfig, ToolserveConfig, load_config
@@ -25,13 +26,22 @@ def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnRedis]:
 
 @pytest.fixture(scope="package")
 def reliability_config(own_redis: OwnRedis) -> ToolserveConfig:
-    """The embedded default on its own ports and Redis."""
+    """The embedded default on its own ports and Redis, holding at most
+    `MAX_ONGOING_REQUESTS` (above the largest load run's agents) and queueing
+    `MAX_QUEUED_REQUESTS`."""
     config = load_config()
+    server = config.server.model_copy(
+        update={
+            "port": free_port(),
+            "max_ongoing_requests": MAX_ONGOING_REQUESTS,
+            "max_queued_requests": MAX_QUEUED_REQUESTS,
+        }
+    )
     return config.model_copy(
         update={
             "name": "toolserve-reliability",
             "redis": RedisConfig(url=own_redis.url),
-            "server": config.server.model_copy(update={"port": free_port()}),
+            "server": server,
             "ray": config.ray.model_copy(update={"metrics_export_port": free_port()}),
         }
     )
