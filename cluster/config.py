@@ -376,6 +376,21 @@ class ServerConfig(_Strict):
     retry_after_s: float = Field(
         default=1, ge=0, description="The `Retry-After` of a request refused with 429."
     )
+    max_request_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body; a larger one is refused with 413 before it "
+        "is read whole.",
+    )
+    max_messages: int = Field(
+        default=4096, ge=1, description="Most messages a chat request may carry (400 beyond)."
+    )
+    max_session_id_chars: int = Field(
+        default=256,
+        ge=8,
+        description="Longest session id (`X-Session-ID` or `session_id`); control "
+        "characters are refused too (400).",
+    )
     api_keys: list[str] = Field(
         default_factory=list,
         description="API keys the server accepts (`Authorization: Bearer KEY`); a "

@@ -12,6 +12,7 @@ from ray.serve.config import BackpressureConfig, RequestRouterConfig
 from cluster.config import ModelDeploymentConfig, RoutingConfig, ToolserveConfig
 from deployments.ingress import ModelServerArgs, OpenAIIngress
 from deployments.model_server import ModelServer
+from deployments.request_limits import RequestLimits
 from deployments.tenants import ApiKeys, Tenancy
 from toolworkers.workers import ToolWorker
 
@@ -215,6 +216,11 @@ def build_application(
                 ApiKeys.of(config.server.accepted_api_keys()),
                 config.server.shared_prefix_cache,
                 config.server.session_ttl_s,
+            ),
+            RequestLimits(
+                config.server.max_request_bytes,
+                config.server.max_messages,
+                config.server.max_session_id_chars,
             ),
         )
     )

@@ -20,7 +20,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from cluster.config import ToolsConfig
+from cluster.config import ServerConfig, ToolsConfig
 from cluster.store.pins import ControlOperation, PinningControl, PinStore
 from cluster.store.replicas import EngineState, ReplicaStatus, ReplicaStatusStore
 from cluster.store.responses import ResponseOwner, ResponseOwners
@@ -43,6 +43,13 @@ from deployments.model_client import (
 )
 from deployments.model_server import ModelServer, ReplyHead, ReplyTail
 from deployments.pinning.settings import LAST_STEP_ARG
+from deployments.request_limits import (
+    RequestLimits,
+    capped_body,
+    check_message_count,
+    check_session_id,
+    decode_json,
+)
 from deployments.speculator import SpeculationTurn, Speculator
 from deployments.tenants import Tenancy, cache_salt, scoped_program_id
 from deployments.tool_api import (
@@ -60,6 +67,8 @@ if TYPE_CHECKING:
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
 SESSION_HEADER = "X-Session-ID"
+MAX_SESSION_ID_CHARS = ServerConfig.model_fields["max_session_id_chars"].default
+MAX_MESSAGES = ServerConfig.model_fields["max_messages"].default
 ONESHOT_PREFIX = "oneshot-"
 REPLICA_HEADER = "X-Toolserve-Replica"
 _STATUS_TIMEOUT_S = 10.0
@@ -84,7 +93,9 @@ async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(ApiError(500, f"internal error: {type(exc).__name__}", "internal_error"))
 
 
-def program_id_for(header_value: str | None, body: dict[str, Any]) -> str:
+def program_id_for(
+    header_value: str | None, body: dict[str, Any], max_chars: int = MAX_SESSION_ID_CHARS
+) -> str:
     """The program id of a request: header, else body field, else a fresh one-turn id."""
     body_value = body.get("session_id")
     if body_value is not None and not (isinstance(body_value, str) and body_value):
@@ -99,7 +110,11 @@ def program_id_for(header_value: str | None, body: dict[str, Any]) -> str:
                 "session_id",
             )
         )
-    return header_value or body_value or ONESHOT_PREFIX + uuid.uuid4().hex
+    chosen = header_value or body_value
+    if not chosen:
+        return ONESHOT_PREFIX + uuid.uuid4().hex
+    check_session_id(chosen, max_chars)
+    return chosen
 
 
 def mark_last_step(request: ChatCompletionRequest) -> None:
@@ -161,14 +176,16 @@ class ParsedChat:
     options: TurnOptions
 
 
-def parse_chat_body(raw: bytes, served_models: list[str]) -> ParsedChat:
+def parse_chat_body(
+    raw: bytes, served_models: list[str], max_messages: int = MAX_MESSAGES
+) -> ParsedChat:
     """Decode and validate a chat completion body; raises RequestRejected with a 4xx."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.exceptions import VLLMClientError
 
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        body = decode_json(raw)
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError among them
         raise RequestRejected(
             invalid_request(f"Request body is not valid JSON: {error}")
         ) from error
@@ -178,11 +195,14 @@ def parse_chat_body(raw: bytes, served_models: list[str]) -> ParsedChat:
     if model is not None and model not in served_models:
         raise RequestRejected(model_not_found(str(model), served_models))
     _check_messages(body.get("messages"))
+    check_message_count(body["messages"], max_messages)
     options = pop_turn_options(body)
     try:
         request = ChatCompletionRequest.model_validate(body)
     except ValidationError as error:
         raise RequestRejected(invalid_request(_validation_message(error))) from error
+    except RecursionError as error:
+        raise RequestRejected(invalid_request("Request nested too deeply")) from error
     except (ValueError, VLLMClientError) as error:
         raise RequestRejected(invalid_request(f"Invalid request: {error}")) from error
     return ParsedChat(body, request, options)
@@ -273,6 +293,7 @@ class OpenAIIngress:
         tools: ToolsConfig,
         tool_workers: DeploymentHandle | None,
         tenancy: Tenancy,
+        limits: RequestLimits,
     ):
         # NOTE: request validation uses vLLM's request model; importing vLLM takes
         # seconds, so pay for it at start-up rather than on the first request.
@@ -296,6 +317,7 @@ class OpenAIIngress:
         self._response_owners = ResponseOwners(redis_url)
         self._sessions = KnownSessions(redis_url)
         self._tenancy = tenancy
+        self._limits = limits
         self._deployment_id = deployment_id
         from toolworkers.workers import tool_executor
 
@@ -325,6 +347,14 @@ class OpenAIIngress:
         """The caller's tenant; raises RequestRejected (401) for a key the server
         does not accept."""
         return self._tenancy.api_keys.tenant(request.headers.get("authorization"))
+
+    async def _body(self, request: Request) -> bytes:
+        """The request's body; raises RequestRejected (413) past the size limit."""
+        return await capped_body(
+            request.stream(),
+            request.headers.get("content-length"),
+            self._limits.max_request_bytes,
+        )
 
     def _rejected(self, route: str, rejected: RequestRejected) -> JSONResponse:
         self._count(route, rejected.error.status)
@@ -404,8 +434,14 @@ class OpenAIIngress:
         route = "chat_completions"
         try:
             tenant = self._tenant(request)
-            parsed = parse_chat_body(await request.body(), self._model_names())
-            client_program_id = program_id_for(request.headers.get(SESSION_HEADER), parsed.body)
+            parsed = parse_chat_body(
+                await self._body(request), self._model_names(), self._limits.max_messages
+            )
+            client_program_id = program_id_for(
+                request.headers.get(SESSION_HEADER),
+                parsed.body,
+                self._limits.max_session_id_chars,
+            )
         except RequestRejected as rejected:
             return self._rejected(route, rejected)
         program_id = scoped_program_id(tenant, client_program_id)
@@ -541,8 +577,9 @@ class OpenAIIngress:
         route = "tool_state"
         try:
             tenant = self._tenant(request)
+            check_session_id(program_id, self._limits.max_session_id_chars)
             scenario = parse_tool_state(
-                await request.body(), slot, self._tools.registry.state_slots()
+                await self._body(request), slot, self._tools.registry.state_slots()
             )
             scoped_id = scoped_program_id(tenant, program_id)
             await self._tools.states.set_scenario(tenant, scoped_id, slot, scenario)
@@ -575,7 +612,7 @@ class OpenAIIngress:
         route = "cache_tool_output"
         try:
             owner = await self._response_owner(response_id, self._tenant(request))
-            outputs = parse_tool_outputs(await request.body())
+            outputs = parse_tool_outputs(await self._body(request))
             cached = await self._cache_outputs(owner, outputs)
         except RequestRejected as rejected:
             return self._rejected(route, rejected)

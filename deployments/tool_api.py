@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deployments.errors import ApiError, RequestRejected, invalid_request
+from deployments.request_limits import decode_json
 
 TURN_OPTIONS_FIELD = "toolserve"
 
@@ -67,8 +68,8 @@ def unprocessable(message: str) -> ApiError:
 
 def _json_body(raw: bytes) -> Any:
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        return decode_json(raw)
+    except ValueError as error:
         raise RequestRejected(unprocessable(f"Request body is not valid JSON: {error}")) from error
 
 

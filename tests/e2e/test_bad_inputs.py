@@ -111,3 +111,103 @@ def test_conflicting_session_ids(cluster: Endpoints, model_name: str) -> None:
 def test_unknown_route_is_openai_style(cluster: Endpoints) -> None:
     response = httpx.get(f"{cluster.api_base}/no-such-endpoint", timeout=30)
     _assert_error_body(response, 404)
+
+
+def _chat(model: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 4,
+    } | fields
+
+
+def test_a_body_past_the_size_limit_is_413(cluster: Endpoints) -> None:
+    ten_megabytes = b'{"messages": [{"role": "user", "content": "' + b"x" * 10_000_000 + b'"}]}'
+    _assert_error_body(_post(cluster, content=ten_megabytes), 413, "request_too_large")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"messages": [{"role": "user", "content": "Hi"}], "temperature": NaN}',
+        b'{"messages": [{"role": "user", "content": "Hi"}], "top_p": Infinity}',
+        b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}',
+        b'{"messages": ' + b"[" * 20_000 + b"]" * 20_000 + b"}",
+        b'{"messages": [{"role": "user", "content": "x"}'
+        + b', {"role": "user", "content": "x"}' * 100_000
+        + b"]}",
+    ],
+    ids=["NaN", "Infinity", "invalid UTF-8", "nested 20k deep", "100k messages"],
+)
+def test_json_python_accepts_but_json_does_not_or_too_much_of_it_is_400(
+    cluster: Endpoints, body: bytes
+) -> None:
+    _assert_error_body(_post(cluster, content=body), 400, "invalid_request")
+
+
+@pytest.mark.parametrize(
+    ("headers", "body_fields"),
+    [
+        ({"X-Session-ID": "s" * 10_000}, {}),
+        ({}, {"session_id": "agent\n7"}),
+        ({}, {"session_id": "agent\x007"}),
+    ],
+    ids=["10k-character header", "newline in body id", "NUL in body id"],
+)
+def test_oversized_or_unprintable_session_ids_are_400(
+    cluster: Endpoints, model_name: str, headers: dict[str, str], body_fields: dict[str, Any]
+) -> None:
+    response = _post(cluster, json=_chat(model_name, **body_fields), headers=headers)
+    _assert_error_body(response, 400, "invalid_request")
+    assert response.json()["error"]["param"] == "session_id"
+
+
+RECURSIVE_PARAMETERS = {
+    "type": "object",
+    "properties": {"node": {"$ref": "#/$defs/node"}},
+    "$defs": {"node": {"type": "object", "properties": {"child": {"$ref": "#/$defs/node"}}}},
+}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"max_tokens": 10**12},
+        {"n": 2, "tools": "weather"},
+        {"logprobs": True, "top_logprobs": 2},
+        {
+            "tools": [
+                {"type": "function", "function": {"name": "f", "parameters": {"type": "banana"}}}
+            ]
+        },
+        {
+            "tools": [
+                {"type": "function", "function": {"name": "f", "parameters": RECURSIVE_PARAMETERS}}
+            ]
+        },
+        {
+            "tools": [
+                {"type": "function", "function": {"name": "f", "parameters": RECURSIVE_PARAMETERS}}
+            ],
+            "tool_choice": "required",
+        },
+    ],
+    ids=[
+        "huge max_tokens",
+        "n=2 with tools",
+        "logprobs",
+        "tool schema not JSON Schema",
+        "recursive tool schema",
+        "recursive tool schema, required",
+    ],
+)
+def test_unusual_requests_are_served_or_refused_cleanly(
+    cluster: Endpoints, model_name: str, weather_tool: dict[str, Any], fields: dict[str, Any]
+) -> None:
+    if fields.get("tools") == "weather":
+        fields = fields | {"tools": [weather_tool]}
+    response = _post(cluster, json=_chat(model_name, **fields))
+    if response.status_code == 200:
+        assert response.json()["choices"], response.text
+    else:
+        _assert_error_body(response, 400)
