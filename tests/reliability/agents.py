@@ -26,6 +26,9 @@ MAX_ONGOING_REQUESTS = 72
 """The suite's cluster holds this many requests at once: more than the largest
 load run's agents."""
 MAX_QUEUED_REQUESTS = 8
+STATS_PERIOD_S = 12.0
+"""Longer than the period at which model replicas read their engine's stats (5 s)
+and Ray exports metrics (10 s)."""
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 WEATHER_TOOL: Any = {
     "type": "function",
@@ -147,6 +150,20 @@ def wait_for(condition: Callable[[], bool], timeout_s: float) -> float | None:
 def metric(endpoints: Endpoints, name: str) -> float | None:
     text = httpx.get(endpoints.metrics_url, timeout=30).text
     return metric_total(text, name) if name in text else None
+
+
+def settled_metric(endpoints: Endpoints, name: str, timeout_s: float = 90) -> float | None:
+    """The metric once two reads a stats period apart agree (what an earlier
+    test left in flight has drained), or None."""
+    previous = metric(endpoints, name)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(STATS_PERIOD_S)
+        current = metric(endpoints, name)
+        if current is not None and current == previous:
+            return current
+        previous = current
+    return None
 
 
 def pins_released(endpoints: Endpoints, agents: list[Agent], timeout_s: float) -> bool:
