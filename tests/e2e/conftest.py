@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from client_tools import WEATHER_TOOL
 from openai import OpenAI
 from programs import TEST_CLIENT_AUTH, cluster_program_id
 
@@ -74,18 +75,7 @@ def cluster(cluster_config: ToolserveConfig) -> Iterator[Endpoints]:
 @pytest.fixture(scope="session")
 def weather_tool() -> dict[str, Any]:
     """A tool the client runs itself (no hosted tool has its schema)."""
-    return {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather of a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
+    return WEATHER_TOOL
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+from client_tools import WEATHER_TOOL
 from openai import OpenAI
 from programs import cluster_program_id
 from prometheus_text import metric_total
@@ -30,18 +31,6 @@ STATS_PERIOD_S = 12.0
 """Longer than the period at which model replicas read their engine's stats (5 s)
 and Ray exports metrics (10 s)."""
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-WEATHER_TOOL: Any = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 
 
 def calculator_tool(endpoints: Endpoints) -> Any:
