@@ -366,12 +366,14 @@ class ServerConfig(_Strict):
         "front of an engine with free capacity.",
     )
     max_queued_requests: int = Field(
-        default=64,
+        default=1024,
         ge=1,
         description="Requests that may wait for one of `max_ongoing_requests`; one "
         "more is refused at once with 429 and `Retry-After` (Ray Serve's backpressure, "
         "whose body is Serve's plain text, not an OpenAI error), so an overloaded "
-        "server answers instead of hanging.",
+        "server answers instead of hanging. Serve counts every arriving request as "
+        "waiting until it takes a slot, free or not: keep this above the largest "
+        "burst of simultaneous arrivals, or a burst is refused with slots free.",
     )
     retry_after_s: float = Field(
         default=1, ge=0, description="The `Retry-After` of a request refused with 429."

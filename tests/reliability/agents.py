@@ -26,7 +26,9 @@ API_KEY = "reliability"
 MAX_ONGOING_REQUESTS = 72
 """The suite's cluster holds this many requests at once: more than the largest
 load run's agents."""
-MAX_QUEUED_REQUESTS = 8
+MAX_QUEUED_REQUESTS = 72
+"""As many as it holds: Serve counts a burst's arrivals as waiting until each
+takes a slot, so a smaller queue refuses bursts of the load run with slots free."""
 STATS_PERIOD_S = 12.0
 """Longer than the period at which model replicas read their engine's stats (5 s)
 and Ray exports metrics (10 s)."""
