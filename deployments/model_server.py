@@ -39,6 +39,7 @@ logger = logging.getLogger("toolserve.model_server")
 # Each replica reports its engine's state to Redis (read by `/health`); a report
 # outlives a few missed refreshes, then a dead replica's report vanishes.
 _STATUS_PERIOD_S = 5.0
+ENGINE_DIED_DETAIL = "the engine core process died; Ray Serve replaces this replica (retry shortly)"
 _STATUS_TTL_S = 15.0
 
 
@@ -193,19 +194,27 @@ class ModelServer:
             "num_gpus": self._deployment.num_gpus,
         }
 
+    def _readiness(self) -> tuple[EngineState, str]:
+        """The engine's state now: a started engine whose core process died is
+        failed until Serve's health probe has the replica replaced."""
+        if self._state is EngineState.READY and self._engine is not None and self._engine.errored:
+            return EngineState.FAILED, ENGINE_DIED_DETAIL
+        return self._state, self._detail
+
     def status(self) -> ReplicaStatus:
+        state, detail = self._readiness()
         return ReplicaStatus(
             replica_id=self._replica_id,
             role=self._role,
             model=self._deployment.engine.served_model_name,
-            state=self._state,
-            detail=self._detail,
+            state=state,
+            detail=detail,
         )
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Read by the session router (through Serve's controller): a replica whose
-        engine is still loading gets no turns while another replica is ready."""
-        return {"engine_ready": self._state is EngineState.READY}
+        engine is still loading (or died) gets no turns while another is ready."""
+        return {"engine_ready": self._readiness()[0] is EngineState.READY}
 
     async def check_health(self) -> None:
         """Ray Serve's health probe: a dead engine makes Serve replace the replica."""
@@ -219,8 +228,9 @@ class ModelServer:
         then, if streaming, SSE chunks and, when the turn wants its calls, a ReplyTail.
         With a `turn` allowing it, tool calls the server can answer are answered
         and the turn continues here (deployments/continuation.py)."""
-        if self._state is not EngineState.READY or self._serving_chat is None:
-            yield ReplyHead(self._replica_id, streaming=False, error=engine_not_ready(self._detail))
+        state, detail = self._readiness()
+        if state is not EngineState.READY or self._serving_chat is None:
+            yield ReplyHead(self._replica_id, streaming=False, error=engine_not_ready(detail))
             return
         if request.model in self._draft_names:
             async for part in self._answer_as_draft(request):
@@ -333,6 +343,8 @@ class ModelServer:
         except Exception as error:
             result = create_error_response(error)
         if isinstance(result, ErrorResponse):
+            if self._readiness()[0] is EngineState.FAILED:  # it died under this request
+                return engine_not_ready(ENGINE_DIED_DETAIL)
             return ApiError.from_status(result.error.code, result.error.message, result.error.param)
         return result
 
@@ -342,7 +354,7 @@ class ModelServer:
 
     async def end_program(self, program_id: str) -> bool:
         """Releases a program's pinned KV on this replica (the client closed the session)."""
-        if self._pinning is None or self._state is not EngineState.READY:
+        if self._pinning is None or self._readiness()[0] is not EngineState.READY:
             return False
         await self._pinning.end_program(program_id)
         return True

@@ -14,6 +14,23 @@ from cluster.launch.launcher import Endpoints, LocalCluster
 from cluster.net import free_port
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that leave the suite's cluster broken run after the suite's others."""
+
+    def breaks(item: pytest.Item) -> bool:
+        return bool(getattr(getattr(item, "module", None), "LEAVES_CLUSTER_BROKEN", False))
+
+    suite = [index for index, item in enumerate(items) if item.get_closest_marker("reliability")]
+    if suite:
+        members = [items[index] for index in suite]
+        ordered = [item for item in members if not breaks(item)] + [
+            item for item in members if breaks(item)
+        ]
+        for index, item in zip(suite, ordered, strict=True):
+            items[index] = item
+
+
 @pytest.fixture(scope="package")
 def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnRedis]:
     redis = OwnRedis(tmp_path_factory.mktemp("own-redis"))
