@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIGS_DIR = REPO_ROOT / "configs"
@@ -393,9 +393,10 @@ class ServerConfig(_Strict):
         description="Longest session id (`X-Session-ID` or `session_id`); control "
         "characters are refused too (400).",
     )
-    api_keys: list[str] = Field(
+    api_keys: list[SecretStr] = Field(
         default_factory=list,
-        description="API keys the server accepts (`Authorization: Bearer KEY`); a "
+        description="API keys the server accepts (`Authorization: Bearer KEY`; shown "
+        "masked wherever the configuration is printed or saved); a "
         "missing or unknown key gets 401. Empty, with no `api_keys_file`: no key is "
         "required. Either way a key names its caller's tenant (callers without one "
         "are one anonymous tenant): programs, pins, tool state and cached tool "
@@ -425,7 +426,7 @@ class ServerConfig(_Strict):
 
     def accepted_api_keys(self) -> list[str]:
         """`api_keys` and those in `api_keys_file`."""
-        keys = list(self.api_keys)
+        keys = [key.get_secret_value() for key in self.api_keys]
         if self.api_keys_file is not None:
             try:
                 lines = self.api_keys_file.read_text().splitlines()

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from pydantic import SecretStr
 
 from cluster.config import load_config
 from cluster.launch.launcher import ClusterStartError, LocalCluster
@@ -35,7 +36,7 @@ def broken_api_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "draft": None,
             "draft_placement": "own_replicas",
             "server": config.server.model_copy(
-                update={"port": free_port(), "ingress": "proxy", "api_keys": [API_KEY]}
+                update={"port": free_port(), "ingress": "proxy", "api_keys": [SecretStr(API_KEY)]}
             ),
             "ray": config.ray.model_copy(update={"metrics_export_port": free_port()}),
         }

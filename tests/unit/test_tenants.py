@@ -81,8 +81,9 @@ def test_each_keyed_tenant_salts_its_prefix_cache_unless_shared() -> None:
 def test_api_keys_come_from_the_list_and_the_file(tmp_path: Path) -> None:
     keys_file = tmp_path / "keys"
     keys_file.write_text("# team keys\nsk-from-file-1\n\n  sk-from-file-2  \n")
-    server = ServerConfig(api_keys=["sk-inline"], api_keys_file=keys_file)
+    server = ServerConfig.model_validate({"api_keys": ["sk-inline"], "api_keys_file": keys_file})
     assert server.accepted_api_keys() == ["sk-inline", "sk-from-file-1", "sk-from-file-2"]
+    assert "sk-inline" not in server.model_dump_json(), "keys are masked when dumped"
     assert ServerConfig().accepted_api_keys() == []
     with pytest.raises(ConfigError, match="api_keys_file"):
         ServerConfig(api_keys_file=tmp_path / "missing").accepted_api_keys()
