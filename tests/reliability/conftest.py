@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from agents import MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS
-from own_redis import OwnRedis
 
 from cluster.config import RedisConfig, ToolserveConfig, load_config
 from cluster.launch.launcher import Endpoints, LocalCluster
 from cluster.net import free_port
+
+from .agents import MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS
+from .own_redis import OwnRedis
 
 
 @pytest.hookimpl(trylast=True)

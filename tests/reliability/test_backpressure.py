@@ -8,10 +8,11 @@ import asyncio
 
 import httpx
 import pytest
-from agents import AUTH, MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS, health
 
 from cluster.config import ToolserveConfig
 from cluster.launch.launcher import Endpoints
+
+from .agents import AUTH, MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS, health
 
 pytestmark = pytest.mark.reliability
 

@@ -16,10 +16,11 @@ import httpx
 import openai
 import psutil
 import pytest
-from agents import Agent, calculator_tool, run_agents, turns_more, wait_for
 
 from cluster.config import ToolserveConfig
 from cluster.launch.launcher import Endpoints
+
+from .agents import Agent, calculator_tool, run_agents, turns_more, wait_for
 
 pytestmark = pytest.mark.reliability
 LEAVES_CLUSTER_BROKEN = True

@@ -13,7 +13,11 @@ import os
 import psutil
 import pytest
 import redis
-from agents import (
+
+from cluster.config import ToolserveConfig
+from cluster.launch.launcher import Endpoints
+
+from .agents import (
     Agent,
     calculator_tool,
     metric,
@@ -23,9 +27,6 @@ from agents import (
     turns_more,
     wait_for,
 )
-
-from cluster.config import ToolserveConfig
-from cluster.launch.launcher import Endpoints
 
 pytestmark = pytest.mark.reliability
 
