@@ -569,6 +569,12 @@ class ToolCacheConfig(_Strict):
     keep_alive_s: float = Field(
         default=300, gt=0, description="Default lifetime of a cached result."
     )
+    max_posted_keep_alive_s: float = Field(
+        default=86_400,
+        gt=0,
+        description="Longest lifetime a client may give an output it posts "
+        "(`/cache-tool-output`, `keep_alive`); a longer one is cut to this.",
+    )
     response_owner_ttl_s: float = Field(
         default=3600,
         gt=0,

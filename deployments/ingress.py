@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from ray import serve
@@ -21,6 +22,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cluster.config import ServerConfig, ToolsConfig
+from cluster.net import wait_for_free_port
 from cluster.store.pins import ControlOperation, PinningControl, PinStore
 from cluster.store.replicas import EngineState, ReplicaStatus, ReplicaStatusStore
 from cluster.store.responses import ResponseOwner, ResponseOwners
@@ -42,6 +44,7 @@ from deployments.model_client import (
     reply_head,
 )
 from deployments.model_server import ModelServer, ReplyHead, ReplyTail
+from deployments.openapi_schema import with_request_bodies
 from deployments.pinning.settings import LAST_STEP_ARG
 from deployments.request_limits import (
     RequestLimits,
@@ -72,11 +75,23 @@ MAX_MESSAGES = ServerConfig.model_fields["max_messages"].default
 ONESHOT_PREFIX = "oneshot-"
 REPLICA_HEADER = "X-Toolserve-Replica"
 _STATUS_TIMEOUT_S = 10.0
+API_PORT_WAIT_S = 120.0
 # A turn whose replica died before answering is sent again (nothing reached the
 # client yet); the router then picks a live replica.
 _REPLICA_LOSS_RETRIES = 2
 
 app = FastAPI(title="toolserve", docs_url=None, redoc_url=None)
+
+
+def _openapi_with_request_bodies() -> dict[str, Any]:
+    if app.openapi_schema is None:
+        app.openapi_schema = with_request_bodies(
+            get_openapi(title=app.title, version=app.version, routes=app.routes)
+        )
+    return app.openapi_schema
+
+
+app.openapi = _openapi_with_request_bodies  # type: ignore[method-assign]
 
 
 def error_response(error: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -275,6 +290,15 @@ def health_report(
     }
 
 
+def _wait_for_the_api_port(host: str, port: int) -> None:
+    """Serve starts a direct-ingress replica's HTTP server once its constructor
+    returns; a replacement replica waits here while the replica it replaces still
+    holds the API port. Serve would otherwise find the port in use and block it
+    for good, leaving the API without a listener."""
+    if not wait_for_free_port(host, port, API_PORT_WAIT_S):
+        raise RuntimeError(f"API port {host}:{port} still in use after {API_PORT_WAIT_S:.0f}s")
+
+
 # NOTE: Serve pickles the FastAPI app and its route functions by value when the
 # class is decorated, so every helper they call must be defined above this line.
 @serve.ingress(app)
@@ -294,6 +318,7 @@ class OpenAIIngress:
         tool_workers: DeploymentHandle | None,
         tenancy: Tenancy,
         limits: RequestLimits,
+        direct_api_address: tuple[str, int] | None = None,
     ):
         # NOTE: request validation uses vLLM's request model; importing vLLM takes
         # seconds, so pay for it at start-up rather than on the first request.
@@ -339,6 +364,9 @@ class OpenAIIngress:
             boundaries=[0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120],
             tag_keys=("route",),
         )
+
+        if direct_api_address is not None:
+            _wait_for_the_api_port(*direct_api_address)
 
     def _count(self, route: str, status: int) -> None:
         self._requests.inc(tags={"route": route, "status": str(status)})

@@ -5,6 +5,8 @@ rendered: body size, JSON that Python's decoder accepts but JSON does not
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -44,13 +46,48 @@ def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} is out of a double's range")
+    return value
+
+
+# A `\uD800`-`\uDFFF` escape: half of a UTF-16 surrogate pair. Python's decoder
+# pairs them up; one left alone is a string no UTF-8 encoder (tokenizer, Redis,
+# logs) can take.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _lone_surrogate_in(value: Any) -> bool:
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            try:
+                item.encode()
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
+
+
 def decode_json(raw: bytes) -> Any:
-    """Strict JSON: no NaN or Infinity; nesting deeper than Python's recursion
-    limit is an invalid request, not a server error. Raises ValueError."""
+    """Strict JSON: no NaN or Infinity (nor a number too large for a double), no
+    unpaired surrogate escape; nesting
+    deeper than Python's recursion limit is an invalid request, not a server
+    error. Raises ValueError."""
     try:
-        return json.loads(raw, parse_constant=_not_json)
+        decoded = json.loads(raw, parse_constant=_not_json, parse_float=_finite_float)
     except RecursionError as error:
         raise ValueError("JSON nested too deeply") from error
+    if _SURROGATE_ESCAPE.search(raw) and _lone_surrogate_in(decoded):
+        raise ValueError("a string holds an unpaired UTF-16 surrogate escape")
+    return decoded
 
 
 def check_message_count(messages: list[Any], limit: int) -> None:

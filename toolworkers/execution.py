@@ -179,7 +179,10 @@ class ToolExecutor:
         key = self.cache_key(name, normalized_arguments(arguments), tenant, program_id)
         if self._cache is None:
             return False
-        keep_alive = keep_alive_s or self._cache_config.keep_alive_s
+        keep_alive = min(
+            keep_alive_s or self._cache_config.keep_alive_s,
+            self._cache_config.max_posted_keep_alive_s,
+        )
         posted = CachedToolResult("done", output, None, CLIENT_ORIGIN)
         return await self._cache.complete(key, "", posted, keep_alive)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import socket
 from typing import Any
 
 import httpx
@@ -211,3 +213,39 @@ def test_unusual_requests_are_served_or_refused_cleanly(
         assert response.json()["choices"], response.text
     else:
         _assert_error_body(response, 400)
+
+
+def _stalled_stream(cluster: Endpoints, model: str) -> socket.socket:
+    """A streaming turn whose client reads the response head, then stops reading."""
+    url = httpx.URL(cluster.api_base)
+    body = json.dumps(_chat(model, max_tokens=256, stream=True, ignore_eos=True)).encode()
+    connection = socket.create_connection((url.host, url.port), timeout=60)
+    connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    connection.sendall(
+        f"POST {url.path}/chat/completions HTTP/1.1\r\nHost: {url.host}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    assert connection.recv(64).startswith(b"HTTP/1.1 200"), "the stream did not start"
+    return connection
+
+
+def test_clients_that_stop_reading_a_stream_hold_up_no_one_else(
+    cluster: Endpoints, client: OpenAI, model_name: str
+) -> None:
+    stalled = [_stalled_stream(cluster, model_name) for _ in range(6)]
+    try:
+        reply = client.chat.completions.create(
+            model=model_name,
+            messages=[{"role": "user", "content": "Say hi."}],
+            max_tokens=8,
+            timeout=120,
+        )
+        assert reply.choices[0].message.content is not None
+    finally:
+        for connection in stalled:
+            connection.close()
+    after = client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8
+    )
+    assert after.choices[0].message.content is not None

@@ -5,13 +5,16 @@ entry goes away (long before its pin would have expired)."""
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 import redis
+from load_agents import Agent, calculator_tool, run_agents, turns_more
 from openai import OpenAI
 from programs import cluster_program_id
 
@@ -138,3 +141,48 @@ def test_turns_follow_the_pin_and_fail_over_when_its_replica_dies(
     raw = redis.Redis.from_url(two_replicas.redis_url)
     assert _wait_for(lambda: raw.exists(f"toolserve:ttl-ledger:replica:{owner}") == 0, 30)
     ledger.close()
+
+
+def test_agents_running_while_a_replica_dies_lose_no_turn(
+    two_replicas: Endpoints, two_replica_config: ToolserveConfig
+) -> None:
+    """A main replica is killed while eight agents run; the ingress sends turns the
+    dead replica had not answered again, so every turn of every agent completes.
+    Prints the time until both replicas are ready again."""
+    import ray
+
+    def ready_main_replicas() -> list[str]:
+        health = httpx.get(two_replicas.health_url, timeout=30).json()
+        return [
+            engine["replica"]
+            for engine in health["engines"]
+            if engine["role"] == "main" and engine["state"] == "ready"
+        ]
+
+    assert _wait_for(lambda: len(ready_main_replicas()) == 2, 180)
+    model = two_replica_config.main.engine.served_model_name
+    agents = [
+        Agent(two_replicas, model, calculator_tool(two_replicas), tool_latency_s=(0.2, 1.0))
+        for _ in range(8)
+    ]
+    outcomes: Counter[str] = Counter()
+    running = threading.Thread(
+        target=lambda: outcomes.update(run_agents(agents, turns_more(agents, 6)))
+    )
+    running.start()
+    assert _wait_for(lambda: sum(agent.turns for agent in agents) >= 12, 300)
+    victim = ready_main_replicas()[0]
+    replica_actor = f"SERVE_REPLICA::{two_replica_config.name}#{MAIN_DEPLOYMENT}#{victim}"
+    ray.kill(ray.get_actor(replica_actor, namespace="serve"))
+    killed_at = time.monotonic()
+    turns_at_kill = sum(agent.turns for agent in agents)
+    running.join(timeout=600)
+    assert not running.is_alive()
+    assert _wait_for(lambda: len(ready_main_replicas()) == 2, 300)
+    recovered_s = time.monotonic() - killed_at
+    print(
+        f"replica loss under load: {sum(outcomes.values())} turns ({turns_at_kill} before the "
+        f"kill), outcomes {dict(outcomes)}; both replicas ready {recovered_s:.1f} s after it"
+    )
+    assert outcomes == Counter({"ok": 6 * len(agents)}), outcomes
+    assert all(agent.end(two_replicas) == 200 for agent in agents)

@@ -6,27 +6,27 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from load_agents import MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS
 
 from cluster.config import RedisConfig, ToolserveConfig, load_config
 from cluster.launch.launcher import Endpoints, LocalCluster
 from cluster.net import free_port
 
-from .agents import MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS
 from .own_redis import OwnRedis
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that leave the suite's cluster broken run after the suite's others."""
+    """Modules that set `RUNS_LAST` run after the suite's others."""
 
-    def breaks(item: pytest.Item) -> bool:
-        return bool(getattr(getattr(item, "module", None), "LEAVES_CLUSTER_BROKEN", False))
+    def runs_last(item: pytest.Item) -> bool:
+        return bool(getattr(getattr(item, "module", None), "RUNS_LAST", False))
 
     suite = [index for index, item in enumerate(items) if item.get_closest_marker("reliability")]
     if suite:
         members = [items[index] for index in suite]
-        ordered = [item for item in members if not breaks(item)] + [
-            item for item in members if breaks(item)
+        ordered = [item for item in members if not runs_last(item)] + [
+            item for item in members if runs_last(item)
         ]
         for index, item in zip(suite, ordered, strict=True):
             items[index] = item

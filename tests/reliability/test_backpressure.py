@@ -8,11 +8,10 @@ import asyncio
 
 import httpx
 import pytest
+from load_agents import AUTH, MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS, health
 
 from cluster.config import ToolserveConfig
 from cluster.launch.launcher import Endpoints
-
-from .agents import AUTH, MAX_ONGOING_REQUESTS, MAX_QUEUED_REQUESTS, health
 
 pytestmark = pytest.mark.reliability
 

@@ -1,12 +1,9 @@
 """The vLLM engine-core process dies under a running agent: `/health` reports the
-cluster unavailable within seconds, and a turn then fails cleanly (an
-OpenAI-style 503, or no connection once the replica that serves the port is
-being replaced), never a 500.
-
-Recovery is not asserted: with direct ingress the replaced replica must bind
-the API port again, and when the old process still holds it Ray Serve blocks
-the port for good (`NoAvailablePortError`; seen once in two runs). The test
-runs after the suite's others (`LEAVES_CLUSTER_BROKEN`)."""
+cluster unavailable within seconds, a turn then fails cleanly (an OpenAI-style
+503, or no connection while the replica that serves the port is replaced), never
+a 500; Serve's replacement replica takes the API port back and the agent's next
+turns succeed. Runs after the suite's others (`RUNS_LAST`): were recovery to
+fail, they would fail with it."""
 
 from __future__ import annotations
 
@@ -16,14 +13,13 @@ import httpx
 import openai
 import psutil
 import pytest
+from load_agents import Agent, calculator_tool, run_agents, turns_more, wait_for
 
 from cluster.config import ToolserveConfig
 from cluster.launch.launcher import Endpoints
 
-from .agents import Agent, calculator_tool, run_agents, turns_more, wait_for
-
 pytestmark = pytest.mark.reliability
-LEAVES_CLUSTER_BROKEN = True
+RUNS_LAST = True
 
 
 def _engine_cores() -> list[psutil.Process]:
@@ -79,3 +75,11 @@ def test_a_lost_engine_core_is_reported_and_turns_fail_cleanly(
         f"a turn then: {during}"
     )
     assert during in ("503", "no connection"), during
+    recovered_after_s = wait_for(lambda: _health_state(reliability_cluster) == "200 ok", 300)
+    assert recovered_after_s is not None, "the cluster never recovered"
+    outcomes = run_agents(agents, turns_more(agents, 2))
+    print(
+        f"[reliability] healthy again {noticed_after_s + recovered_after_s:.1f}s after the "
+        f"kill; the agent's next turns: {dict(outcomes)}"
+    )
+    assert set(outcomes) == {"ok"}, outcomes

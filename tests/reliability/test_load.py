@@ -13,11 +13,7 @@ import os
 import psutil
 import pytest
 import redis
-
-from cluster.config import ToolserveConfig
-from cluster.launch.launcher import Endpoints
-
-from .agents import (
+from load_agents import (
     Agent,
     calculator_tool,
     metric,
@@ -27,6 +23,9 @@ from .agents import (
     turns_more,
     wait_for,
 )
+
+from cluster.config import ToolserveConfig
+from cluster.launch.launcher import Endpoints
 
 pytestmark = pytest.mark.reliability
 

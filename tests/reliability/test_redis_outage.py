@@ -8,11 +8,19 @@ from __future__ import annotations
 import time
 
 import pytest
+from load_agents import (
+    Agent,
+    calculator_tool,
+    health,
+    pins_released,
+    run_agents,
+    turns_more,
+    wait_for,
+)
 
 from cluster.config import ToolserveConfig
 from cluster.launch.launcher import Endpoints
 
-from .agents import Agent, calculator_tool, health, pins_released, run_agents, turns_more, wait_for
 from .own_redis import OwnRedis
 
 pytestmark = pytest.mark.reliability

@@ -47,10 +47,22 @@ def test_json_is_strict_and_deep_nesting_is_a_value_error() -> None:
     for constant in (b"NaN", b"Infinity", b"-Infinity"):
         with pytest.raises(ValueError, match="not valid JSON"):
             decode_json(b'{"temperature": ' + constant + b"}")
+    for overflowing in (b"1e309", b"-2.5e400"):
+        with pytest.raises(ValueError, match="out of a double's range"):
+            decode_json(b'{"keep_alive": ' + overflowing + b"}")
+    assert decode_json(b'{"keep_alive": 1.7e308}') == {"keep_alive": 1.7e308}
     with pytest.raises(ValueError, match="nested too deeply"):
         decode_json(b"[" * 100_000 + b"]" * 100_000)
     with pytest.raises(ValueError):
         decode_json(b'{"a": "\xff"}')
+
+
+def test_a_lone_surrogate_escape_is_refused_and_a_paired_one_decoded() -> None:
+    assert decode_json(rb'{"a": "\ud83d\ude00"}') == {"a": "\U0001f600"}
+    assert decode_json(rb'{"a": "\\ud800"}') == {"a": "\\ud800"}  # an escaped backslash
+    for lone in (rb'{"a": "x\ud800"}', rb'{"\udc00": 1}', rb'[[{"a": ["\uDBFFz"]}]]'):
+        with pytest.raises(ValueError, match="surrogate"):
+            decode_json(lone)
 
 
 def _chat(**fields: object) -> bytes:

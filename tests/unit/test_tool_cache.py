@@ -281,6 +281,10 @@ def test_client_posted_results_answer_client_tools_of_their_program_only(cache_u
         )
         assert await resolve('{ "city":"Paris" }') == "sunny"
         assert await resolve('{"city": "Rome"}') is None
+        assert await executor.post_client_result(  # kept for max_posted_keep_alive_s
+            "get_weather", {"city": "Lima"}, "mild", 1e300, tenant="t", program_id=program
+        )
+        assert await resolve('{"city": "Lima"}') == "mild"
         assert await resolve('{"city": "Paris"}', program_id=unique("other")) is None
         assert await resolve("{not json") is None
 
