@@ -36,10 +36,11 @@ _RAY_ROUTERS = {
 
 
 def request_router_config(
-    routing: RoutingConfig | None, redis_url: str, engine_batch_slots: int
+    routing: RoutingConfig | None, redis_url: str, engine_batch_slots: int, deployment_id: str
 ) -> RequestRouterConfig:
     """The main model's router per `routing`; None (draft replicas): least loaded.
-    `engine_batch_slots`: sequences each replica's engine decodes at once."""
+    `engine_batch_slots`: sequences each replica's engine decodes at once;
+    `deployment_id`: the one the replicas report their status under."""
     if routing is None:
         return RequestRouterConfig(request_router_class=_RAY_ROUTERS["power_of_two"])
     if routing.policy != "session":
@@ -47,6 +48,7 @@ def request_router_config(
     kwargs: dict[str, Any] = routing.model_dump() | {
         "redis_url": redis_url,
         "engine_batch_slots": engine_batch_slots,
+        "deployment_id": deployment_id,
     }
     kwargs.pop("policy")
     return RequestRouterConfig(
@@ -103,7 +105,7 @@ def _model_deployment(
                 "num_gpus": deployment.num_gpus,
             },
             request_router_config=request_router_config(
-                routing, redis_url, deployment.engine.max_num_seqs
+                routing, redis_url, deployment.engine.max_num_seqs, deployment_id
             ),
             **_MODEL_HEALTH,
         )

@@ -18,6 +18,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 from cluster.config import RoutingConfig
 from cluster.store._redis import UNREACHABLE
 from cluster.store.pins import ControlOperation, PinningControl, PinStore
+from cluster.store.replicas import ReplicaStatusStore
 from router.policy import ProgramDirectory, RoutingDecision, RoutingPolicy, RoutingReason
 from router.prefix import shared_prefix_key
 
@@ -79,10 +80,12 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
     def initialize_state(self, **kwargs: Any) -> None:
         redis_url = kwargs.pop("redis_url")
         engine_batch_slots = kwargs.pop("engine_batch_slots")
+        self._deployment_id: str = kwargs.pop("deployment_id")
         config = RoutingConfig(**kwargs)
         self._config = config
         self._redis_url: str | None = redis_url
         self._pins: PinStore | None = None
+        self._statuses: ReplicaStatusStore | None = None
         self._ledger_paused_until = 0.0
         self._policy = RoutingPolicy(
             config.load_epsilon,
@@ -216,11 +219,19 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
         self._forget_replica(replica_id.unique_id)
 
     def _forget_replica(self, replica_id: str) -> None:
-        """A dead or draining replica: its programs and ledger entries go."""
+        """A dead or draining replica: its programs, ledger entries and status
+        report go (`/health` would count a killed replica's report as a ready
+        replica until it expires)."""
         self._directory.forget_replica(replica_id)
         self._in_flight.pop(replica_id, None)
         if self._redis_url is not None:
             self._spawn(self._clear_pins(replica_id))
+            self._spawn(self._clear_status(replica_id))
+
+    async def _clear_status(self, replica_id: str) -> None:
+        assert self._redis_url is not None
+        self._statuses = self._statuses or ReplicaStatusStore(self._redis_url)
+        await self._statuses.forget(self._deployment_id, replica_id)
 
     async def _clear_pins(self, replica_id: str) -> None:
         if self._pins is None and self._redis_url is not None:

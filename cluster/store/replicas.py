@@ -59,6 +59,14 @@ class ReplicaStatusStore:
             f"cannot announce replica {status.replica_id}",
         )
 
+    async def forget(self, deployment_id: str, replica_id: str) -> None:
+        """Drops a replica's report (the replica is gone)."""
+        await or_fallback(
+            self._client.delete(f"{_PREFIX}{deployment_id}:{replica_id}"),
+            None,
+            f"cannot forget replica {replica_id}",
+        )
+
     async def statuses(self, deployment_id: str) -> list[ReplicaStatus] | None:
         """The last report of every live replica of the deployment; None when Redis
         cannot answer."""
