@@ -131,6 +131,9 @@ def _tool_workers(config: ToolserveConfig, redis_url: str | None) -> Application
             # reserving cores for them would starve the engines on small machines.
             ray_actor_options={"num_cpus": 0},
             health_check_period_s=10,
+            # Tools run in subprocesses, so a worker's own loop answers at once
+            # unless the worker hangs.
+            health_check_timeout_s=10,
         )
         .bind(config.tools.sandbox, redis_url)
     )

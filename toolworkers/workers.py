@@ -4,6 +4,7 @@ restarts a dead worker and spreads calls over the live ones."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable
@@ -26,6 +27,9 @@ logger = logging.getLogger("toolserve.toolworkers")
 # none has come for the longest a model takes to write the next one.
 _PIECE_POLL_S = 1.0
 _PIECE_SILENCE_S = 120.0
+WORKER_ANSWER_GRACE_S = 30.0
+"""Beyond a tool's own time limit: the time a call may wait for a busy worker,
+and a worker's start-up of the sandboxed process."""
 
 
 class ToolWorker:
@@ -74,12 +78,16 @@ class ToolWorker:
 
 def worker_pool_runner(workers: DeploymentHandle) -> tuple[RunCall, RunPartialCall]:
     """Runs calls, whole and partial, on the pool. A worker lost mid-call becomes
-    an error result, not a retry: the call may have had side effects."""
+    an error result, not a retry: the call may have had side effects. So does a
+    whole call the worker has not answered `WORKER_ANSWER_GRACE_S` after its
+    tool's time limit (a hung worker; Serve's health check replaces it later)."""
     from ray.exceptions import RayError
 
-    async def answered(call: SandboxCall, response: Awaitable[ToolResult]) -> ToolResult:
+    async def answered(
+        call: SandboxCall, response: Awaitable[ToolResult], deadline_s: float | None
+    ) -> ToolResult:
         try:
-            return await response
+            return await asyncio.wait_for(response, deadline_s)
         except RayError as error:
             logger.warning("tool worker lost during %s: %s", call.function_reference, error)
             return ToolResult(
@@ -88,12 +96,22 @@ def worker_pool_runner(workers: DeploymentHandle) -> tuple[RunCall, RunPartialCa
                 "worker_lost",
                 0.0,
             )
+        except TimeoutError:
+            logger.warning("tool worker silent during %s", call.function_reference)
+            return ToolResult(
+                False,
+                f"the tool worker did not answer within {deadline_s:.0f}s",
+                "worker_unresponsive",
+                deadline_s or 0.0,
+            )
 
     async def run(call: SandboxCall) -> ToolResult:
-        return await answered(call, workers.run.remote(call))
+        deadline_s = call.timeout_s + WORKER_ANSWER_GRACE_S
+        return await answered(call, workers.run.remote(call), deadline_s)
 
     async def run_partial(call: SandboxCall, call_id: str) -> ToolResult:
-        return await answered(call, workers.run_partial.remote(call, call_id))
+        # Runs as long as the model takes to write the arguments: no deadline.
+        return await answered(call, workers.run_partial.remote(call, call_id), None)
 
     return run, run_partial
 

@@ -5,12 +5,13 @@ hosted calls succeed again. Prints the outcomes and the time to recover."""
 
 from __future__ import annotations
 
-import os
+import random
 import signal
 import threading
 from collections import Counter
 from typing import Any
 
+import psutil
 import pytest
 import ray
 from load_agents import AUTH, Agent, calculator_tool, run_agents, turns_more, wait_for
@@ -36,11 +37,12 @@ def _worker_replicas(app_name: str) -> list[str]:
 
 
 def _hosted_call_result(endpoints: Endpoints, model: str, calculator: Any) -> str | None:
-    """The output the server's calculator run gave inside one turn, if it ran one."""
+    """The output the server's calculator run gave inside one turn, if it ran one
+    (a sum never asked before, so it is not in the tool cache)."""
     client = OpenAI(base_url=endpoints.api_base, api_key=AUTH["Authorization"][7:], timeout=180)
     reply = client.chat.completions.create(
         model=model,
-        messages=[{"role": "user", "content": "What is 6*7?"}],
+        messages=[{"role": "user", "content": f"What is {random.randint(100, 10**9)}*7?"}],
         tools=[calculator],
         tool_choice="required",
         max_tokens=64,
@@ -51,14 +53,22 @@ def _hosted_call_result(endpoints: Endpoints, model: str, calculator: Any) -> st
     return outputs[-1] if outputs else None
 
 
-def _stop_or_kill(actor_name: str, fault: str) -> None:
-    actor = ray.get_actor(actor_name, namespace="serve")
+def _stop_or_kill(app_name: str, actor_name: str, fault: str) -> None:
     if fault == "killed":
-        ray.kill(actor)
+        ray.kill(ray.get_actor(actor_name, namespace="serve"))
         return
-    state = ray.util.state.get_actor(actor._actor_id.hex())
-    assert state is not None and state.pid, actor_name
-    os.kill(state.pid, signal.SIGSTOP)
+    title = f"ray::ServeReplica:{app_name}:{TOOL_WORKERS_DEPLOYMENT}"
+    [process] = [
+        p for p in psutil.Process().children(recursive=True) if _title(p).split()[:1] == [title]
+    ]
+    process.send_signal(signal.SIGSTOP)
+
+
+def _title(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
 
 
 @pytest.mark.parametrize("fault", ["killed", "stopped"])
@@ -79,7 +89,7 @@ def test_agents_are_served_while_the_tool_worker_is_lost(
     running.start()
     assert wait_for(lambda: sum(agent.turns for agent in agents) >= AGENTS, 300) is not None
     [worker] = _worker_replicas(reliability_config.name)
-    _stop_or_kill(worker, fault)
+    _stop_or_kill(reliability_config.name, worker, fault)
 
     def hosted_calls_work() -> bool:
         result = _hosted_call_result(reliability_cluster, model, calculator)

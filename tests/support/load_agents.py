@@ -56,6 +56,9 @@ class Agent:
         self.model, self.calculator = model, calculator
         self.tool_latency_s = tool_latency_s
         self.program = f"agent-{uuid.uuid4().hex[:12]}"
+        # Each agent's sums are its own, so its hosted calls run rather than hit the
+        # tool cache entries of another's.
+        self.addend = random.randint(100, 999_999)
         self.turns = 0
         self.messages: list[Any] = [
             {"role": "system", "content": "You answer with tools: get_weather, calculator."}
@@ -65,7 +68,7 @@ class Agent:
         """One turn; raises when it failed (it counts as made either way)."""
         weather_turn = self.turns % 2 == 0
         self.turns += 1
-        question = "Weather in Oslo?" if weather_turn else f"What is 2+{self.turns}?"
+        question = "Weather in Oslo?" if weather_turn else f"What is {self.addend}+{self.turns}?"
         asked = [*self.messages, {"role": "user", "content": question}]
         reply = self.client.chat.completions.create(
             model=self.model,
