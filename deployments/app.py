@@ -10,6 +10,7 @@ from ray.serve import Application
 from ray.serve.config import BackpressureConfig, RequestRouterConfig
 
 from cluster.config import ModelDeploymentConfig, RoutingConfig, ToolserveConfig
+from cluster.models import resolve_model
 from deployments.ingress import ModelServerArgs, OpenAIIngress
 from deployments.model_server import ModelServer
 from deployments.request_limits import RequestLimits
@@ -230,3 +231,16 @@ def build_application(
             (config.server.host, config.server.port) if config.server.ingress == "direct" else None,
         )
     )
+
+
+def serve_application(args: dict[str, Any]) -> Application:
+    """Ray Serve's application builder for a declarative deployment (KubeRay's
+    `RayService`, `serve deploy`): `args["config"]` is a `ToolserveConfig` (a
+    profile, as `cluster.launch.kubernetes.serve_config` writes it)."""
+    config = ToolserveConfig.model_validate(args["config"])
+    if config.redis.url is None:
+        raise ValueError("a Serve config of toolserve names its Redis: set redis.url")
+    main_model = resolve_model(config.main.engine.model, config.cache_dir)
+    draft = config.draft_replicas
+    draft_model = resolve_model(draft.engine.model, config.cache_dir) if draft else None
+    return build_application(config, main_model, draft_model, config.redis.url)

@@ -119,6 +119,48 @@ def _bench_table(args: argparse.Namespace) -> int:
     return 0
 
 
+def _helm_values(args: argparse.Namespace) -> int:
+    from cluster.launch.kubernetes import (
+        KubernetesProfileError,
+        values_file_text,
+        values_schema_text,
+    )
+
+    if args.schema:
+        print(values_schema_text(), end="")
+        return 0
+    if args.config is None:
+        _log("error: --config is required (or --schema)")
+        return 2
+    try:
+        text = values_file_text(load_config(args.config), args.config)
+    except KubernetesProfileError as error:
+        _log(f"error: {error}")
+        return 2
+    if args.output is None:
+        print(text, end="")
+    else:
+        args.output.write_text(text)
+    return 0
+
+
+def _render_helm(args: argparse.Namespace) -> int:
+    from cluster.launch.kubernetes import (
+        KubernetesProfileError,
+        chart_values,
+        manifests_text,
+        render_chart,
+    )
+
+    try:
+        values = chart_values(load_config(args.config))
+    except KubernetesProfileError as error:
+        _log(f"error: {error}")
+        return 2
+    print(manifests_text(render_chart(values, args.release, args.namespace)), end="")
+    return 0
+
+
 def _config_override(text: str) -> tuple[str, Any]:
     path, separator, value = text.partition("=")
     if not separator or not path:
@@ -202,6 +244,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     table.add_argument("runs", nargs="+", type=Path, help="run folders under bench/results")
     table.set_defaults(run=_bench_table)
+
+    helm_values = commands.add_parser(
+        "helm-values", help="write the Helm chart's values for a profile (helm/toolserve)"
+    )
+    helm_values.add_argument("--config", type=Path, help="deployment profile")
+    helm_values.add_argument("--output", type=Path, help="file to write; default: stdout")
+    helm_values.add_argument(
+        "--schema", action="store_true", help="print the chart's values.schema.json instead"
+    )
+    helm_values.set_defaults(run=_helm_values)
+
+    render = commands.add_parser(
+        "render-helm", help="print the Kubernetes manifests the chart makes for a profile"
+    )
+    render.add_argument("--config", type=Path, required=True, help="deployment profile")
+    render.add_argument("--release", default="toolserve", help="Helm release name")
+    render.add_argument("--namespace", default="default", help="Kubernetes namespace")
+    render.set_defaults(run=_render_helm)
 
     check = commands.add_parser("check-config", help="validate deployment profiles")
     check.add_argument("paths", nargs="+", type=Path)

@@ -1,0 +1,55 @@
+{{- define "toolserve.fullname" -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "toolserve.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "toolserve.selector" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The Serve config of the RayService: what `cluster/launch/kubernetes.py`
+     serve_config builds for the same profile (a test holds them equal). */}}
+{{- define "toolserve.serveConfig" -}}
+{{- $_ := required "values: profile is required (-f profiles/<name>.yaml)" .Values.profile.name -}}
+{{- $config := .Values.profile -}}
+proxy_location: EveryNode
+http_options:
+  host: 0.0.0.0
+  port: {{ required "profile.server.port" $config.server.port }}
+  request_timeout_s: {{ required "profile.server.request_timeout_s" $config.server.request_timeout_s }}
+applications:
+- name: {{ $config.name }}
+  route_prefix: /
+  import_path: deployments.app:serve_application
+  args:
+    config: {{ toJson $config }}
+{{- end -}}
+
+{{- define "toolserve.container" -}}
+image: "{{ .Values.image.repository }}:{{ .Values.image.tag }}"
+imagePullPolicy: {{ .Values.image.pullPolicy }}
+workingDir: /app
+{{- if .Values.apiKeysSecret }}
+volumeMounts:
+- name: api-keys
+  mountPath: /etc/toolserve
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "toolserve.volumes" -}}
+{{- if .Values.apiKeysSecret }}
+volumes:
+- name: api-keys
+  secret:
+    secretName: {{ .Values.apiKeysSecret }}
+{{- end }}
+{{- end -}}
