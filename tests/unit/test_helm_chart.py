@@ -104,9 +104,7 @@ def test_a_profile_renders_lints_and_validates(values_file: Path) -> None:
 def test_a_crd_violation_is_caught() -> None:
     """The CRD check can fail: a RayService without its cluster spec is refused."""
     values = yaml.safe_load(SHIPPED[0].read_text())
-    [service] = [
-        obj for obj in _objects(render_chart(values)) if obj["kind"] == "RayService"
-    ]
+    [service] = [obj for obj in _objects(render_chart(values)) if obj["kind"] == "RayService"]
     service["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"] = ["not", "a map"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(service, _crd_schema("ray.io_rayservices.yaml"))
