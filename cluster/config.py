@@ -416,6 +416,13 @@ class ServerConfig(_Strict):
         "prompts by timing a cache hit; on: common preambles (system prompt, tool "
         "schemas) are prefilled once for all tenants.",
     )
+    program_idle_s: float = Field(
+        default=300,
+        gt=0,
+        description="A program with no turn for this long counts as ended in the "
+        "program metrics (`toolserve_program_completion_s`, `toolserve_program_turns`); "
+        "a last-step turn or `DELETE /v1/sessions/{id}` ends it at once.",
+    )
     session_ttl_s: float = Field(
         default=3600,
         gt=0,

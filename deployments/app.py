@@ -228,6 +228,7 @@ def build_application(
                 config.server.max_messages,
                 config.server.max_session_id_chars,
             ),
+            config.server.program_idle_s,
             (config.server.host, config.server.port) if config.server.ingress == "direct" else None,
         )
     )

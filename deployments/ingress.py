@@ -9,7 +9,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,9 +43,10 @@ from deployments.model_client import (
     ReplyStream,
     reply_head,
 )
-from deployments.model_server import ModelServer, ReplyHead, ReplyTail
+from deployments.model_server import ModelServer, ReplyHead, ReplyTail, is_last_step
 from deployments.openapi_schema import with_request_bodies
 from deployments.pinning.settings import LAST_STEP_ARG
+from deployments.program_clock import EndedProgram, ProgramClock, turn_bucket
 from deployments.request_limits import (
     RequestLimits,
     capped_body,
@@ -76,6 +77,7 @@ ONESHOT_PREFIX = "oneshot-"
 REPLICA_HEADER = "X-Toolserve-Replica"
 _STATUS_TIMEOUT_S = 10.0
 API_PORT_WAIT_S = 120.0
+_IDLE_SWEEP_S = 10.0
 # A turn whose replica died before answering is sent again (nothing reached the
 # client yet); the router then picks a live replica.
 _REPLICA_LOSS_RETRIES = 2
@@ -130,6 +132,10 @@ def program_id_for(
         return ONESHOT_PREFIX + uuid.uuid4().hex
     check_session_id(chosen, max_chars)
     return chosen
+
+
+def _nothing() -> None:
+    pass
 
 
 def mark_last_step(request: ChatCompletionRequest) -> None:
@@ -290,6 +296,36 @@ def health_report(
     }
 
 
+class _ProgramMetrics:
+    def __init__(self) -> None:
+        from ray.serve.metrics import Histogram
+
+        self.completion = Histogram(
+            "toolserve_program_completion_s",
+            description="Agent programs' completion time: first turn's arrival to last "
+            "turn's end, by how the program ended (last_step, deleted, idle, evicted).",
+            boundaries=[1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 3600],
+            tag_keys=("reason",),
+        )
+        self.turns = Histogram(
+            "toolserve_program_turns",
+            description="Turns per ended agent program.",
+            boundaries=[1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128],
+        )
+        self.turn_latency = Histogram(
+            "toolserve_turn_latency_s",
+            description="A turn's arrival to the end of its reply (the last chunk of a "
+            "stream), by the turn's index in its program (1, 2, 3-4, ..., 33+).",
+            boundaries=[0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300],
+            tag_keys=("turn",),
+        )
+
+    def ended(self, programs: list[EndedProgram]) -> None:
+        for program in programs:
+            self.completion.observe(program.completion_s, tags={"reason": program.reason})
+            self.turns.observe(program.turns)
+
+
 def _wait_for_the_api_port(host: str, port: int) -> None:
     """Serve starts a direct-ingress replica's HTTP server once its constructor
     returns; a replacement replica waits here while the replica it replaces still
@@ -318,6 +354,7 @@ class OpenAIIngress:
         tool_workers: DeploymentHandle | None,
         tenancy: Tenancy,
         limits: RequestLimits,
+        program_idle_s: float = 300.0,
         direct_api_address: tuple[str, int] | None = None,
     ):
         # NOTE: request validation uses vLLM's request model; importing vLLM takes
@@ -364,6 +401,10 @@ class OpenAIIngress:
             boundaries=[0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120],
             tag_keys=("route",),
         )
+        self._program_metrics = _ProgramMetrics()
+        self._programs = ProgramClock()
+        self._program_idle_s = program_idle_s
+        self._idle_sweep = asyncio.get_running_loop().create_task(self._end_idle_programs())
 
         if direct_api_address is not None:
             _wait_for_the_api_port(*direct_api_address)
@@ -499,10 +540,14 @@ class OpenAIIngress:
         turn = TurnContext(
             tenant=tenant, execute_tools=execute_tools, wants_calls=speculation is not None
         )
+        turn_ended = (
+            _nothing if to_draft else self._turn_started(program_id, started, is_last_step(chat))
+        )
 
         try:
             stream, head = await self._start_chat(chat, program_id, turn, to_draft)
         except Exception as error:
+            turn_ended()
             self._settle(speculation, [])
             unavailable = engine_not_ready(f"model replica unavailable: {type(error).__name__}")
             self._count(route, unavailable.status)
@@ -510,18 +555,46 @@ class OpenAIIngress:
         headers[REPLICA_HEADER] = head.replica_id
         self._latency.observe(time.monotonic() - started, tags={"route": route})
         if head.error is not None:
+            turn_ended()
             self._settle(speculation, [])
             self._count(route, head.error.status)
             return error_response(head.error, headers)
         self._count(route, 200)
         if not head.streaming:
+            turn_ended()
             self._settle(speculation, reply_calls(head.body or {}))
             return JSONResponse(head.body, headers=headers)
         return StreamingResponse(
-            self._relay_settling(stream, speculation),
+            self._relay_settling(stream, speculation, turn_ended),
             media_type="text/event-stream",
             headers=headers,
         )
+
+    def _turn_started(self, program_id: str, arrived: float, last_step: bool) -> Callable[[], None]:
+        """Counts the turn in its program; returns what to call once (more calls do
+        nothing) when its reply has ended."""
+        turn_index, evicted = self._programs.turn_started(program_id, arrived)
+        self._program_metrics.ended(evicted)
+        pending = [True]
+
+        def ended() -> None:
+            if not pending:
+                return
+            pending.clear()
+            now = time.monotonic()
+            self._program_metrics.turn_latency.observe(
+                now - arrived, tags={"turn": turn_bucket(turn_index)}
+            )
+            program = self._programs.turn_finished(program_id, now, last_step)
+            self._program_metrics.ended([program] if program else [])
+
+        return ended
+
+    async def _end_idle_programs(self) -> None:
+        while True:
+            await asyncio.sleep(min(self._program_idle_s, _IDLE_SWEEP_S))
+            idle = self._programs.idle(time.monotonic(), self._program_idle_s)
+            self._program_metrics.ended(idle)
 
     def _model_names(self) -> list[str]:
         return [self._served_model] + ([self._draft_model] if self._draft_model else [])
@@ -531,19 +604,20 @@ class OpenAIIngress:
             self._speculator.settle(speculation, calls)
 
     async def _relay_settling(
-        self, stream: ReplyStream, speculation: SpeculationTurn | None
+        self,
+        stream: ReplyStream,
+        speculation: SpeculationTurn | None,
+        turn_ended: Callable[[], None],
     ) -> AsyncIterator[str]:
-        if speculation is None:
-            async for chunk in _relay(stream):
-                yield chunk
-            return
         tail: list[ReplyTail] = []
         try:
             async for chunk in _relay(stream, tail):
                 yield chunk
         finally:
-            made = [call for ended in tail for call in ended.tool_calls]
-            self._settle(speculation, observed_calls(made))
+            turn_ended()
+            if speculation is not None:
+                made = [call for ended in tail for call in ended.tool_calls]
+                self._settle(speculation, observed_calls(made))
 
     async def _start_chat(
         self, chat: ChatCompletionRequest, program_id: str, turn: TurnContext, to_draft: bool
@@ -595,6 +669,8 @@ class OpenAIIngress:
             return error_response(unavailable)
         with contextlib.suppress(ToolStateUnavailable):  # it expires with its TTL
             await self._tools.states.clear(tenant, program_id)
+        program = self._programs.ended(program_id)
+        self._program_metrics.ended([program] if program else [])
         self._count(route, 200)
         return JSONResponse({"id": client_program_id, "object": "session", "deleted": True})
 

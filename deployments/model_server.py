@@ -247,7 +247,7 @@ class ModelServer:
             # Each round's usage counts against the request's token budget.
             request = _with_usage_reported(request)
         program_id = request.session_id
-        tracked = bool(self._pinning is not None and program_id and not _is_last_step(request))
+        tracked = bool(self._pinning is not None and program_id and not is_last_step(request))
         # The rounds after the first are requests of their own, built from this one
         # as the client sent it (vLLM's front end fills fields of a request it runs).
         first_round = (
@@ -381,7 +381,9 @@ def _with_usage_reported(request: ChatCompletionRequest) -> ChatCompletionReques
     return request.model_copy(update={"stream_options": reported})
 
 
-def _is_last_step(request: ChatCompletionRequest) -> bool:
+def is_last_step(request: ChatCompletionRequest) -> bool:
+    """The client (or the ingress, for a turn without a session) marked the turn
+    its program's last."""
     return bool(request.vllm_xargs and request.vllm_xargs.get(LAST_STEP_ARG))
 
 
