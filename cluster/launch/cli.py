@@ -161,6 +161,23 @@ def _render_helm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dashboards(args: argparse.Namespace) -> int:
+    from cluster.launch.dashboards import export_dashboards, push_dashboards
+
+    if args.action == "export":
+        for path in export_dashboards(args.directory):
+            print(path)
+        return 0
+    try:
+        urls = push_dashboards(args.grafana_url, args.token, args.folder_uid)
+    except Exception as error:  # grafana-client raises its own hierarchy and requests'
+        _log(f"error: pushing to {args.grafana_url} failed: {type(error).__name__}: {error}")
+        return 2
+    for url in urls:
+        print(url)
+    return 0
+
+
 def _config_override(text: str) -> tuple[str, Any]:
     path, separator, value = text.partition("=")
     if not separator or not path:
@@ -262,6 +279,16 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--release", default="toolserve", help="Helm release name")
     render.add_argument("--namespace", default="default", help="Kubernetes namespace")
     render.set_defaults(run=_render_helm)
+
+    dashboards = commands.add_parser("dashboards", help="the Grafana dashboards, as code")
+    actions = dashboards.add_subparsers(dest="action", required=True)
+    export = actions.add_parser("export", help="write each dashboard's JSON into DIR")
+    export.add_argument("directory", type=Path)
+    push = actions.add_parser("push", help="load the dashboards into a Grafana")
+    push.add_argument("--grafana-url", required=True, help="e.g. http://grafana:3000")
+    push.add_argument("--token", required=True, help="a service account token")
+    push.add_argument("--folder-uid", help="the folder to put them in; default: General")
+    dashboards.set_defaults(run=_dashboards)
 
     check = commands.add_parser("check-config", help="validate deployment profiles")
     check.add_argument("paths", nargs="+", type=Path)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -13,6 +12,7 @@ from pathlib import Path
 import redis
 from redis.exceptions import RedisError
 
+from cluster.launch.debian_packages import PackageInstallError, binary_or_install
 from cluster.net import free_port
 
 _START_TIMEOUT_S = 15.0
@@ -66,7 +66,7 @@ def start_redis_server(
     work_dir: Path, log: Callable[[str], None], port: int | None = None
 ) -> RedisServer:
     """Our own `redis-server` (no persistence) on `port`, else on a free one."""
-    binary = shutil.which("redis-server") or _install_redis(log)
+    binary = _redis_server_binary(log)
     port = port or free_port()
     work_dir.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(
@@ -103,29 +103,11 @@ def start_redis_server(
     raise RedisUnavailableError(f"redis-server did not answer within {_START_TIMEOUT_S:.0f}s")
 
 
-def _install_redis(log: Callable[[str], None]) -> str:
-    apt = shutil.which("apt-get")
-    if apt is None:
+def _redis_server_binary(log: Callable[[str], None]) -> str:
+    """`redis-server`, installed from Debian's package when missing."""
+    try:
+        return binary_or_install("redis-server", "redis-server", lambda line: log(f"redis: {line}"))
+    except PackageInstallError as error:
         raise RedisUnavailableError(
-            "redis-server is not installed and apt-get is not available; "
-            "install Redis or set redis.url to a reachable server"
-        )
-    log("redis: installing Debian package redis-server")
-    prefix = [] if _is_root() else ["sudo", "-n"]
-    env_prefix = ["env", "DEBIAN_FRONTEND=noninteractive"]
-    for command in ([apt, "update", "-q"], [apt, "install", "-y", "-q", "redis-server"]):
-        result = subprocess.run(prefix + env_prefix + command, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RedisUnavailableError(
-                f"installing redis-server failed ({' '.join(command)}): {result.stderr[-500:]}"
-            )
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RedisUnavailableError("redis-server still missing after installing the package")
-    return binary
-
-
-def _is_root() -> bool:
-    import os
-
-    return os.geteuid() == 0
+            f"{error}; install Redis or set redis.url to a reachable server"
+        ) from error

@@ -1,7 +1,10 @@
-"""Two main-model replicas behind the session router, on the real stack: every turn
-of a program lands on one replica; when that replica dies between turns, the next
-turn is served by the other, no request fails, and the dead replica's TTL-ledger
-entry goes away (long before its pin would have expired)."""
+"""Two main-model replicas behind the session router, on the real stack. The
+dashboards' queries, evaluated by a real Prometheus scraping the cluster after a
+few agent programs, all return data. Every turn of a program lands on one
+replica; when that replica dies between turns, the next turn is served by the
+other, no request fails, and the dead replica's TTL-ledger entry goes away (long
+before its pin would have expired); when one dies while agents run, no turn
+fails."""
 
 from __future__ import annotations
 
@@ -9,7 +12,9 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import httpx
 import pytest
@@ -17,8 +22,10 @@ import redis
 from load_agents import Agent, calculator_tool, run_agents, turns_more
 from openai import OpenAI
 from programs import cluster_program_id
+from prometheus_server import PrometheusServer
 
 from cluster.config import ToolserveConfig, load_config
+from cluster.launch.dashboards import build_dashboards, panel_queries
 from cluster.launch.launcher import Endpoints, LocalCluster
 from cluster.net import free_port
 from cluster.store.pins import TtlLedger
@@ -102,6 +109,53 @@ def _wait_for(condition: Any, timeout_s: float) -> bool:
     return False
 
 
+def _ready_main_replicas(endpoints: Endpoints) -> list[str]:
+    health = httpx.get(endpoints.health_url, timeout=30).json()
+    return [
+        engine["replica"]
+        for engine in health["engines"]
+        if engine["role"] == "main" and engine["state"] == "ready"
+    ]
+
+
+def test_every_dashboard_query_returns_data_on_a_real_prometheus(
+    two_replicas: Endpoints, two_replica_config: ToolserveConfig, tmp_path: Path
+) -> None:
+    prometheus = PrometheusServer(tmp_path, urlparse(two_replicas.metrics_url).netloc)
+    prometheus.start()
+    try:
+        assert _wait_for(lambda: len(_ready_main_replicas(two_replicas)) == 2, 180)
+        model = two_replica_config.main.engine.served_model_name
+        calculator = calculator_tool(two_replicas)
+        agents = [
+            Agent(two_replicas, model, calculator, tool_latency_s=(0.5, 1.5)) for _ in range(4)
+        ]
+        agents[1].addend = agents[0].addend  # the same sums: hosted calls the cache answers
+        assert set(run_agents(agents, turns_more(agents, 4))) == {"ok"}
+        assert all(agent.end(two_replicas) == 200 for agent in agents)
+        unknown = httpx.post(
+            f"{two_replicas.api_base}/chat/completions",
+            json={"model": "no-such-model", "messages": [{"role": "user", "content": "Hi"}]},
+            timeout=30,
+        )
+        assert unknown.status_code == 404
+
+        queries = [
+            (uid, title, expr)
+            for uid, dashboard in build_dashboards().items()
+            for title, expr in panel_queries(dashboard)
+        ]
+        empty = queries
+        deadline = time.monotonic() + 180
+        while empty and time.monotonic() < deadline:
+            time.sleep(5)
+            empty = [query for query in queries if not prometheus.query(query[2])]
+        print(f"dashboards: {len(queries) - len(empty)} of {len(queries)} queries return data")
+        assert empty == [], empty
+    finally:
+        prometheus.stop()
+
+
 def test_turns_follow_the_pin_and_fail_over_when_its_replica_dies(
     two_replicas: Endpoints, two_replica_config: ToolserveConfig
 ) -> None:
@@ -152,12 +206,7 @@ def test_agents_running_while_a_replica_dies_lose_no_turn(
     import ray
 
     def ready_main_replicas() -> list[str]:
-        health = httpx.get(two_replicas.health_url, timeout=30).json()
-        return [
-            engine["replica"]
-            for engine in health["engines"]
-            if engine["role"] == "main" and engine["state"] == "ready"
-        ]
+        return _ready_main_replicas(two_replicas)
 
     assert _wait_for(lambda: len(ready_main_replicas()) == 2, 180)
     model = two_replica_config.main.engine.served_model_name

@@ -1,0 +1,331 @@
+"""Grafana dashboards as code (Grafana's own `grafana-foundation-sdk`): overview,
+KV, tools and routing, over the metrics Ray's agent exports (toolserve's, vLLM's
+and Serve's, each with Ray's `ray_` prefix). `toolserve dashboards export DIR`
+writes them as JSON; `toolserve dashboards push` loads them into a Grafana."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DATASOURCE_UID = "${datasource}"
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str
+
+
+@dataclass(frozen=True)
+class PanelSpec:
+    title: str
+    unit: str
+    queries: tuple[Query, ...]
+    description: str = ""
+
+
+def _quantiles(metric: str, by: str = "", window: str = "15m") -> tuple[Query, ...]:
+    group = f"le, {by}" if by else "le"
+    label = f"{{{{{by}}}}} " if by else ""
+    return tuple(
+        Query(
+            f"histogram_quantile({q}, sum by ({group}) (rate({metric}_bucket[{window}])))",
+            f"{label}p{int(q * 100)}",
+        )
+        for q in (0.5, 0.9, 0.99)
+    )
+
+
+def _rate(metric: str, by: str, window: str = "5m") -> Query:
+    return Query(f"sum by ({by}) (rate({metric}[{window}]))", f"{{{{{by}}}}}")
+
+
+def _ratio(numerator: str, denominator: str, legend: str, window: str = "5m") -> Query:
+    return Query(f"sum(rate({numerator}[{window}])) / sum(rate({denominator}[{window}]))", legend)
+
+
+DASHBOARDS: dict[str, tuple[str, tuple[PanelSpec, ...]]] = {
+    "toolserve-overview": (
+        "toolserve: overview",
+        (
+            PanelSpec(
+                "Requests by route", "reqps", (_rate("ray_toolserve_api_requests_total", "route"),)
+            ),
+            PanelSpec(
+                "Error responses by status",
+                "reqps",
+                (
+                    Query(
+                        "sum by (status) "
+                        '(rate(ray_toolserve_api_requests_total{status!="200"}[5m]))',
+                        "{{status}}",
+                    ),
+                ),
+            ),
+            PanelSpec(
+                "Program completion time (JCT)",
+                "s",
+                _quantiles("ray_toolserve_program_completion_s"),
+                "First turn's arrival to last turn's end of programs that ended "
+                "(last step, DELETE, idleness).",
+            ),
+            PanelSpec(
+                "Turn latency by turn index (p50)",
+                "s",
+                (
+                    Query(
+                        "histogram_quantile(0.5, sum by (le, turn) "
+                        "(rate(ray_toolserve_turn_latency_s_bucket[15m])))",
+                        "turn {{turn}}",
+                    ),
+                ),
+            ),
+            PanelSpec(
+                "Turns per program (mean)",
+                "short",
+                (
+                    _ratio(
+                        "ray_toolserve_program_turns_sum",
+                        "ray_toolserve_program_turns_count",
+                        "turns",
+                        "15m",
+                    ),
+                ),
+            ),
+            PanelSpec(
+                "Time to first token and queue time (p90)",
+                "s",
+                (
+                    Query(
+                        "histogram_quantile(0.9, sum by (le) "
+                        "(rate(ray_vllm_time_to_first_token_seconds_bucket[15m])))",
+                        "time to first token",
+                    ),
+                    Query(
+                        "histogram_quantile(0.9, sum by (le) "
+                        "(rate(ray_vllm_request_queue_time_seconds_bucket[15m])))",
+                        "queue time",
+                    ),
+                ),
+            ),
+            PanelSpec(
+                "Healthy replicas by deployment",
+                "short",
+                (
+                    Query(
+                        "sum by (deployment) (ray_serve_deployment_replica_healthy)",
+                        "{{deployment}}",
+                    ),
+                ),
+            ),
+        ),
+    ),
+    "toolserve-kv": (
+        "toolserve: KV pinning and prefix cache",
+        (
+            PanelSpec(
+                "Pins and pin hits",
+                "ops",
+                (
+                    Query("sum(rate(ray_toolserve_kv_pins_total[5m]))", "pins"),
+                    Query("sum(rate(ray_toolserve_kv_pin_hits_total[5m]))", "pin hits"),
+                ),
+            ),
+            PanelSpec(
+                "Pin releases by reason",
+                "ops",
+                (_rate("ray_toolserve_kv_pin_releases_total", "reason"),),
+            ),
+            PanelSpec(
+                "Pinned and free KV blocks",
+                "short",
+                (
+                    Query("sum(ray_toolserve_kv_pinned_blocks)", "pinned"),
+                    Query("sum(ray_toolserve_kv_free_blocks)", "free"),
+                ),
+            ),
+            PanelSpec("Pin TTL", "s", _quantiles("ray_toolserve_kv_pin_ttl_s")),
+            PanelSpec(
+                "Prefix cache hit rate",
+                "percentunit",
+                (
+                    _ratio(
+                        "ray_vllm_prefix_cache_hits_total",
+                        "ray_vllm_prefix_cache_queries_total",
+                        "hits / queries",
+                    ),
+                ),
+            ),
+            PanelSpec(
+                "Preemptions",
+                "ops",
+                (Query("sum(rate(ray_vllm_request_num_preemptions_sum[5m]))", "preemptions"),),
+            ),
+        ),
+    ),
+    "toolserve-tools": (
+        "toolserve: tools",
+        (
+            PanelSpec(
+                "Tool cache hit rate",
+                "percentunit",
+                (
+                    _ratio(
+                        "ray_toolserve_tool_cache_hits_total",
+                        "ray_toolserve_tool_cache_lookups_total",
+                        "hits / lookups",
+                    ),
+                ),
+            ),
+            PanelSpec(
+                "Tool latency by tool (p50)",
+                "s",
+                (
+                    Query(
+                        "histogram_quantile(0.5, sum by (le, tool) "
+                        "(rate(ray_toolserve_tool_latency_s_bucket[15m])))",
+                        "{{tool}}",
+                    ),
+                ),
+            ),
+            PanelSpec(
+                "Tool time in a turn by tool (p50)",
+                "s",
+                (
+                    Query(
+                        "histogram_quantile(0.5, sum by (le, tool) "
+                        "(rate(ray_toolserve_tool_duration_s_bucket[15m])))",
+                        "{{tool}}",
+                    ),
+                ),
+            ),
+        ),
+    ),
+    "toolserve-routing": (
+        "toolserve: routing",
+        (
+            PanelSpec(
+                "Routed turns by reason",
+                "reqps",
+                (_rate("ray_toolserve_router_requests_total", "reason"),),
+            ),
+            PanelSpec(
+                "Turns of pinned programs by outcome",
+                "reqps",
+                (_rate("ray_toolserve_router_pinned_turns_total", "outcome"),),
+                "hit: the turn went to the replica holding its program's pin.",
+            ),
+            PanelSpec(
+                "Load imbalance (busiest replica over mean)",
+                "short",
+                (Query("max(ray_toolserve_router_load_imbalance)", "imbalance"),),
+            ),
+            PanelSpec(
+                "Requests per main-model replica",
+                "reqps",
+                (
+                    Query(
+                        "sum by (replica) (rate(ray_serve_deployment_request_counter_total"
+                        '{deployment="main-model"}[5m]))',
+                        "{{replica}}",
+                    ),
+                ),
+            ),
+        ),
+    ),
+}
+
+
+def _panel(spec: PanelSpec, index: int) -> Any:
+    from grafana_foundation_sdk.builders import prometheus, timeseries
+    from grafana_foundation_sdk.models.dashboard import DataSourceRef
+
+    panel = (
+        timeseries.Panel()
+        .title(spec.title)
+        .description(spec.description)
+        .unit(spec.unit)
+        .datasource(DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID))
+        .grid_pos(_grid(index))
+    )
+    for ref, query in zip("ABCDEFGH", spec.queries, strict=False):
+        panel = panel.with_target(
+            prometheus.Dataquery().expr(query.expr).legend_format(query.legend).ref_id(ref)
+        )
+    return panel
+
+
+def _grid(index: int) -> Any:
+    from grafana_foundation_sdk.models.dashboard import GridPos
+
+    return GridPos(h=8, w=12, x=12 * (index % 2), y=8 * (index // 2))
+
+
+def build_dashboards() -> dict[str, dict[str, Any]]:
+    """Each dashboard's JSON model, by uid."""
+    from grafana_foundation_sdk.builders import dashboard
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+
+    built = {}
+    for uid, (title, panels) in DASHBOARDS.items():
+        board = (
+            dashboard.Dashboard(title)
+            .uid(uid)
+            .tags(["toolserve"])
+            .refresh("30s")
+            .time("now-1h", "now")
+            .with_variable(
+                dashboard.DatasourceVariable("datasource").label("Prometheus").type("prometheus")
+            )
+        )
+        for index, spec in enumerate(panels):
+            board = board.with_panel(_panel(spec, index))
+        built[uid] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
+    return built
+
+
+def panel_queries(model: dict[str, Any]) -> list[tuple[str, str]]:
+    """Every (panel title, PromQL expression) of a dashboard's JSON model."""
+    return [
+        (panel["title"], target["expr"])
+        for panel in model.get("panels", [])
+        for target in panel.get("targets", [])
+    ]
+
+
+def export_dashboards(directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for uid, model in build_dashboards().items():
+        path = directory / f"{uid}.json"
+        path.write_text(json.dumps(model, indent=2, sort_keys=True) + "\n")
+        written.append(path)
+    return written
+
+
+def push_dashboards(grafana_url: str, token: str, folder_uid: str | None = None) -> list[str]:
+    """Loads (or replaces) each dashboard in a Grafana; returns their URLs."""
+    from urllib.parse import urlparse
+
+    from grafana_client.api import GrafanaApi
+    from grafana_client.client import TokenAuth
+
+    parsed = urlparse(grafana_url)
+    api = GrafanaApi(
+        auth=TokenAuth(token),
+        host=parsed.hostname or "localhost",
+        port=parsed.port,
+        protocol=parsed.scheme or "http",
+        url_path_prefix=parsed.path.strip("/"),
+    )
+    urls = []
+    for model in build_dashboards().values():
+        body: dict[str, Any] = {"dashboard": model, "overwrite": True}
+        if folder_uid:
+            body["folderUid"] = folder_uid
+        answer = api.dashboard.update_dashboard(body)
+        urls.append(f"{grafana_url.rstrip('/')}{answer.get('url', '')}")
+    return urls
