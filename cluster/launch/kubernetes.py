@@ -163,6 +163,7 @@ def values_schema() -> dict[str, Any]:
                 "type": "object",
                 "properties": {
                     "podMonitor": {"type": "boolean"},
+                    "grafanaDashboards": {"type": "boolean"},
                     "metricsPort": {"type": "integer", "minimum": 1, "maximum": 65535},
                     "interval": text,
                 },

@@ -5,6 +5,7 @@ RayService is the one toolserve builds from the same profile."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import yaml
 
 from cluster.config import CONFIGS_DIR, REPO_ROOT, RedisConfig, load_config
 from cluster.launch.cli import main
+from cluster.launch.dashboards import build_dashboards
 from cluster.launch.kubernetes import (
     CHART_DIR,
     CHART_PROFILES_DIR,
@@ -30,6 +32,7 @@ from cluster.launch.kubernetes import (
 KUBERNETES_VERSION = "1.30.0"
 KUBERAY_CRDS = REPO_ROOT / "helm" / "schemas" / "kuberay-v1.7"
 SHIPPED = sorted(CHART_PROFILES_DIR.glob("*.yaml"))
+DASHBOARDS = CHART_DIR / "dashboards"
 
 
 def _objects(rendered: dict[str, str]) -> list[dict[str, Any]]:
@@ -65,6 +68,18 @@ def test_a_shipped_values_file_is_its_profile_as_toolserve_writes_it(values_file
     )
 
 
+def test_the_charts_dashboards_are_the_ones_toolserve_builds() -> None:
+    shipped = {path.stem: json.loads(path.read_text()) for path in DASHBOARDS.glob("*.json")}
+    assert shipped == build_dashboards(), (
+        "regenerate: toolserve dashboards export helm/toolserve/dashboards"
+    )
+    values = yaml.safe_load(SHIPPED[0].read_text())
+    maps = [obj for obj in _objects(render_chart(values)) if obj["kind"] == "ConfigMap"]
+    assert {obj["metadata"]["labels"]["grafana_dashboard"] for obj in maps} == {"1"}
+    loaded = {name: json.loads(text) for obj in maps for name, text in obj["data"].items()}
+    assert loaded == {f"{uid}.json": model for uid, model in build_dashboards().items()}
+
+
 def test_the_values_schema_is_the_configurations_own() -> None:
     assert (CHART_DIR / "values.schema.json").read_text() == values_schema_text(), (
         "regenerate: toolserve helm-values --schema > helm/toolserve/values.schema.json"
@@ -80,7 +95,10 @@ def test_a_profile_renders_lints_and_validates(values_file: Path) -> None:
 
     objects = _objects(render_chart(values, release="agents", namespace="serving"))
     kinds = sorted(obj["kind"] for obj in objects)
-    assert kinds == ["PodMonitor", "RayService", "Service", "Service", "StatefulSet"]
+    assert kinds == [
+        *["ConfigMap"] * 4,
+        *["PodMonitor", "RayService", "Service", "Service", "StatefulSet"],
+    ]
     for obj in objects:
         if obj["kind"] == "RayService":
             jsonschema.validate(obj, _crd_schema("ray.io_rayservices.yaml"))
