@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +70,8 @@ from toolworkers.speculation import observed_calls, reply_calls
 
 if TYPE_CHECKING:
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+logger = logging.getLogger("toolserve.ingress")
 
 SESSION_HEADER = "X-Session-ID"
 MAX_SESSION_ID_CHARS = ServerConfig.model_fields["max_session_id_chars"].default
@@ -220,6 +223,7 @@ def parse_chat_body(
     options = pop_turn_options(body)
     try:
         request = ChatCompletionRequest.model_validate(body)
+        _read_lazy_message_fields(request)
     except ValidationError as error:
         raise RequestRejected(invalid_request(_validation_message(error))) from error
     except RecursionError as error:
@@ -227,6 +231,18 @@ def parse_chat_body(
     except (ValueError, VLLMClientError) as error:
         raise RequestRejected(invalid_request(f"Invalid request: {error}")) from error
     return ParsedChat(body, request, options)
+
+
+def _read_lazy_message_fields(request: ChatCompletionRequest) -> None:
+    """vLLM types some message fields (a user message's content parts, an
+    assistant's tool calls) as iterables, which pydantic validates lazily, as they
+    are read: read them now, so an invalid part is refused here, not wherever the
+    replica first reads it. Raises pydantic's ValidationError."""
+    for message in request.messages:
+        if isinstance(message, dict):
+            for key, value in message.items():
+                if isinstance(value, Iterator):
+                    message[key] = list(value)
 
 
 async def _relay(
@@ -547,6 +563,7 @@ class OpenAIIngress:
         try:
             stream, head = await self._start_chat(chat, program_id, turn, to_draft)
         except Exception as error:
+            logger.exception("turn of %s not started", program_id)
             turn_ended()
             self._settle(speculation, [])
             unavailable = engine_not_ready(f"model replica unavailable: {type(error).__name__}")

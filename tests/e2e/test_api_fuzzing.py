@@ -57,7 +57,8 @@ def _capped(body: Any) -> None:
         body["max_tokens"] = _GENERATION_CAPS["max_tokens"]
     for field, cap in _GENERATION_CAPS.items():
         value = body.get(field)
-        if isinstance(value, int) and not isinstance(value, bool) and value > cap:
+        # Pydantic takes 1e6 (a float without a fraction) for an int field too.
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > cap:
             body[field] = cap
 
 

@@ -178,3 +178,24 @@ def test_health_is_degraded_while_served_without_redis_or_a_replica() -> None:
         "replicas": 2,
     }
     assert health_report(["main"], [loading], redis_reachable=False)["status"] == "unavailable"
+
+
+def test_message_parts_pydantic_reads_lazily_are_checked_and_kept() -> None:
+    """A user message's content parts and an assistant's tool calls are iterables
+    pydantic validates as they are read; the ingress reads them at once, so an
+    invalid part is a 400 there, and what it read stays in the request."""
+    parts = [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    messages = [
+        {"role": "user", "content": parts},
+        {"role": "assistant", "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    parsed = parse_chat_body(json.dumps(_chat(messages=messages)).encode(), MODELS)
+    assert parsed.request.messages[0]["content"] == parts
+    assert parsed.request.messages[1]["tool_calls"] == calls
+    assert parsed.request.model_dump(mode="json")["messages"][0]["content"] == parts
+
+    bad_part = [{"type": "image_url", "image_url": {"url": ""}, "ttl": {"not": "a part"}}, 7]
+    error = _rejection(_chat(messages=[{"role": "user", "content": bad_part}]))
+    assert (error.status, error.code) == (400, "invalid_request")
