@@ -162,6 +162,8 @@ def _render_helm(args: argparse.Namespace) -> int:
 
 
 def _dashboards(args: argparse.Namespace) -> int:
+    import httpx
+
     from cluster.launch.dashboards import export_dashboards, push_dashboards
 
     if args.action == "export":
@@ -170,7 +172,7 @@ def _dashboards(args: argparse.Namespace) -> int:
         return 0
     try:
         urls = push_dashboards(args.grafana_url, args.token, args.folder_uid)
-    except Exception as error:  # grafana-client raises its own hierarchy and requests'
+    except httpx.HTTPError as error:
         _log(f"error: pushing to {args.grafana_url} failed: {type(error).__name__}: {error}")
         return 2
     for url in urls:

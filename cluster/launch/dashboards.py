@@ -1,7 +1,8 @@
 """Grafana dashboards as code (Grafana's own `grafana-foundation-sdk`): overview,
 KV, tools and routing, over the metrics Ray's agent exports (toolserve's, vLLM's
 and Serve's, each with Ray's `ray_` prefix). `toolserve dashboards export DIR`
-writes them as JSON; `toolserve dashboards push` loads them into a Grafana."""
+writes them as JSON; `toolserve dashboards push` loads them into a Grafana
+(its HTTP API)."""
 
 from __future__ import annotations
 
@@ -307,25 +308,18 @@ def export_dashboards(directory: Path) -> list[Path]:
 
 
 def push_dashboards(grafana_url: str, token: str, folder_uid: str | None = None) -> list[str]:
-    """Loads (or replaces) each dashboard in a Grafana; returns their URLs."""
-    from urllib.parse import urlparse
+    """Loads (or replaces) each dashboard in a Grafana through its HTTP API
+    (`POST /api/dashboards/db`, a service-account token); returns their URLs."""
+    import httpx
 
-    from grafana_client.api import GrafanaApi
-    from grafana_client.client import TokenAuth
-
-    parsed = urlparse(grafana_url)
-    api = GrafanaApi(
-        auth=TokenAuth(token),
-        host=parsed.hostname or "localhost",
-        port=parsed.port,
-        protocol=parsed.scheme or "http",
-        url_path_prefix=parsed.path.strip("/"),
-    )
+    base = grafana_url.rstrip("/")
     urls = []
-    for model in build_dashboards().values():
-        body: dict[str, Any] = {"dashboard": model, "overwrite": True}
-        if folder_uid:
-            body["folderUid"] = folder_uid
-        answer = api.dashboard.update_dashboard(body)
-        urls.append(f"{grafana_url.rstrip('/')}{answer.get('url', '')}")
+    with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
+        for model in build_dashboards().values():
+            body: dict[str, Any] = {"dashboard": model, "overwrite": True}
+            if folder_uid:
+                body["folderUid"] = folder_uid
+            answer = client.post(f"{base}/api/dashboards/db", json=body)
+            answer.raise_for_status()
+            urls.append(f"{base}{answer.json().get('url', '')}")
     return urls

@@ -15,7 +15,7 @@ from cluster.net import free_port
 
 
 class PrometheusServer:
-    def __init__(self, work_dir: Path, metrics_target: str, scrape_interval_s: float = 2.0):
+    def __init__(self, work_dir: Path, metrics_target: str, scrape_interval_s: int = 2):
         self.url = ""
         self._work_dir = work_dir
         self._target = metrics_target

@@ -36,3 +36,39 @@ def test_export_writes_one_json_file_per_dashboard(tmp_path: Path) -> None:
     files = sorted((tmp_path / "out").glob("*.json"))
     assert [f.stem for f in files] == sorted(build_dashboards())
     assert json.loads(files[0].read_text())["uid"] == files[0].stem
+
+
+def test_push_posts_each_dashboard_with_the_token() -> None:
+    """Against a stand-in for Grafana's HTTP API that records what it is sent."""
+    import http.server
+    import threading
+
+    received: list[tuple[str, str, dict[str, object]]] = []
+
+    class Grafana(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            received.append((self.path, self.headers["Authorization"], body))
+            answer = json.dumps({"url": f"/d/{body['dashboard']['uid']}"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Grafana)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert main(["dashboards", "push", "--grafana-url", url, "--token", "t0k"]) == 0
+    finally:
+        server.shutdown()
+    assert {path for path, _, _ in received} == {"/api/dashboards/db"}
+    assert {auth for _, auth, _ in received} == {"Bearer t0k"}
+    assert sorted(body["dashboard"]["uid"] for _, _, body in received) == sorted(  # type: ignore[index]
+        build_dashboards()
+    )
+    assert all(body["overwrite"] is True for _, _, body in received)
