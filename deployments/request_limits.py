@@ -98,7 +98,8 @@ def check_message_count(messages: list[Any], limit: int) -> None:
 
 
 def check_session_id(program_id: str, limit: int) -> None:
-    """A session id names keys and log lines: bounded, without control characters."""
+    """A session id names keys and log lines and is echoed in a header: bounded,
+    ASCII, without control characters."""
     if len(program_id) > limit:
         raise RequestRejected(
             invalid_request(
@@ -108,4 +109,9 @@ def check_session_id(program_id: str, limit: int) -> None:
     if any(ord(char) < 0x20 or ord(char) == 0x7F for char in program_id):
         raise RequestRejected(
             invalid_request("session id contains control characters", "session_id")
+        )
+    if not program_id.isascii():
+        # The reply echoes it in the X-Session-ID header, which is ASCII.
+        raise RequestRejected(
+            invalid_request("session id must be ASCII (it is echoed in a header)", "session_id")
         )

@@ -82,9 +82,9 @@ def test_chat_bodies_with_nan_deep_nesting_or_too_many_messages_are_400() -> Non
         assert rejected.value.error.status == 400, rejected.value.error
 
 
-def test_session_ids_are_bounded_and_printable() -> None:
-    check_session_id("agent-7/run 3 ✓", 256)
-    for bad in ("x" * 257, "agent\n7", "agent\x007", "agent\x7f"):
+def test_session_ids_are_bounded_ascii_and_printable() -> None:
+    check_session_id("agent-7/run 3 ~", 256)
+    for bad in ("x" * 257, "agent\n7", "agent\x007", "agent\x7f", "run 3 ✓", "é"):
         with pytest.raises(RequestRejected) as rejected:
             check_session_id(bad, 256)
         assert rejected.value.error.param == "session_id"
