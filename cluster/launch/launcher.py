@@ -19,6 +19,8 @@ from cluster.signals import stop_on_signals
 Log = Callable[[str], None]
 
 _PORT_WAIT_S = 30.0
+_RAY_START_ATTEMPTS = 2
+_RAY_START_TIMEOUT = "timed out during startup"
 
 
 def direct_ingress_environment(api_port: int) -> dict[str, str]:
@@ -120,15 +122,26 @@ class LocalCluster:
             for name in direct:  # an earlier cluster of this process may have set it
                 os.environ.pop(name, None)
             proxy_port = config.server.port
-        ray.init(
-            # "local": never join whichever Ray instance this machine started last.
-            address=config.ray.address or "local",
-            num_cpus=config.ray.num_cpus if config.ray.address is None else None,
-            include_dashboard=config.ray.include_dashboard,
-            namespace="toolserve",
-            log_to_driver=False,
-            _metrics_export_port=config.ray.metrics_export_port,
-        )
+        for attempt in range(1, _RAY_START_ATTEMPTS + 1):
+            try:
+                ray.init(
+                    # "local": never join whichever Ray instance this machine started last.
+                    address=config.ray.address or "local",
+                    num_cpus=config.ray.num_cpus if config.ray.address is None else None,
+                    include_dashboard=config.ray.include_dashboard,
+                    namespace="toolserve",
+                    log_to_driver=False,
+                    _metrics_export_port=config.ray.metrics_export_port,
+                )
+                break
+            except Exception as error:
+                # Ray gives a new local node 30 s to register; on a busy two-core
+                # machine (processes of a cluster just stopped still exiting) it
+                # sometimes needs longer.
+                if attempt == _RAY_START_ATTEMPTS or _RAY_START_TIMEOUT not in str(error):
+                    raise
+                self._log(f"ray: {error} (attempt {attempt}); starting it again")
+                ray.shutdown()
         self._ray_started = True
         stop_on_signals()
         serve.start(
