@@ -53,7 +53,8 @@ def _root(cluster: Endpoints) -> str:
 def _capped(body: Any) -> None:
     if not isinstance(body, dict):
         return
-    if "max_tokens" not in body and "max_completion_tokens" not in body:
+    limits = (body.get("max_tokens"), body.get("max_completion_tokens"))
+    if all(limit is None for limit in limits):  # absent or null: up to the context length
         body["max_tokens"] = _GENERATION_CAPS["max_tokens"]
     for field, cap in _GENERATION_CAPS.items():
         value = body.get(field)
