@@ -22,15 +22,28 @@ pytestmark = pytest.mark.reliability
 RUNS_LAST = True
 
 
-def _engine_cores() -> list[psutil.Process]:
-    cores = []
+def _titles() -> dict[int, str]:
+    """This session's processes (Ray's and the engines' descend from it) by pid."""
+    titles = {}
     for process in psutil.Process().children(recursive=True):
         try:
-            if process.cmdline()[:1] == ["VLLM::EngineCore"]:
-                cores.append(process)
+            titles[process.pid] = " ".join(process.cmdline())
         except psutil.Error:
             continue
-    return cores
+    return titles
+
+
+def _the_engine_core() -> psutil.Process:
+    """The cluster's one engine core, once there is exactly one (a replica Serve
+    is replacing may briefly have two, or none yet)."""
+    cores: list[int] = []
+
+    def one_core() -> bool:
+        cores[:] = [pid for pid, title in _titles().items() if title.startswith("VLLM::EngineCore")]
+        return len(cores) == 1
+
+    assert wait_for(one_core, 120) is not None, f"not one engine core: {_titles()}"
+    return psutil.Process(cores[0])
 
 
 def _health_state(endpoints: Endpoints) -> str:
@@ -64,7 +77,7 @@ def test_a_lost_engine_core_is_reported_and_turns_fail_cleanly(
     model = reliability_config.main.engine.served_model_name
     agents = [Agent(reliability_cluster, model, calculator_tool(reliability_cluster))]
     assert set(run_agents(agents, turns_more(agents, 2))) == {"ok"}
-    [core] = _engine_cores()
+    core = _the_engine_core()
 
     core.send_signal(signal.SIGKILL)
     noticed_after_s = wait_for(lambda: _health_state(reliability_cluster) != "200 ok", 60)
