@@ -10,7 +10,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,7 @@ from cluster.store.replicas import EngineState, ReplicaStatus, ReplicaStatusStor
 from cluster.store.responses import ResponseOwner, ResponseOwners
 from cluster.store.sessions import KnownSessions
 from cluster.store.tool_state import ToolStateUnavailable
+from deployments.agent_hints import AgentHints, read_agent_hints
 from deployments.continuation import TurnContext
 from deployments.errors import (
     ApiError,
@@ -46,7 +47,7 @@ from deployments.model_client import (
 )
 from deployments.model_server import ModelServer, ReplyHead, ReplyTail, is_last_step
 from deployments.openapi_schema import with_request_bodies
-from deployments.pinning.settings import LAST_STEP_ARG
+from deployments.pinning.settings import EXPECTED_TOOL_ARG, LAST_STEP_ARG, RETAIN_FOR_ARG
 from deployments.program_clock import EndedProgram, ProgramClock, turn_bucket
 from deployments.request_limits import (
     RequestLimits,
@@ -114,23 +115,33 @@ async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:
 
 
 def program_id_for(
-    header_value: str | None, body: dict[str, Any], max_chars: int = MAX_SESSION_ID_CHARS
+    header_value: str | None,
+    body: dict[str, Any],
+    max_chars: int = MAX_SESSION_ID_CHARS,
+    hinted: str | None = None,
 ) -> str:
-    """The program id of a request: header, else body field, else a fresh one-turn id."""
+    """The program id of a request: header, else body field, else an agent-hint
+    dialect's session id, else a fresh one-turn id."""
     body_value = body.get("session_id")
     if body_value is not None and not (isinstance(body_value, str) and body_value):
         raise RequestRejected(
             invalid_request("session_id must be a non-empty string", "session_id")
         )
-    if header_value and body_value and header_value != body_value:
+    given = {
+        f"{SESSION_HEADER} header": header_value,
+        "body session_id": body_value,
+        "the agent hints' session id": hinted,
+    }
+    named = {where: value for where, value in given.items() if value}
+    if len(set(named.values())) > 1:
         raise RequestRejected(
             invalid_request(
-                f"{SESSION_HEADER} header ({header_value!r}) and body session_id "
-                f"({body_value!r}) disagree",
+                " and ".join(f"{where} ({value!r})" for where, value in named.items())
+                + " disagree",
                 "session_id",
             )
         )
-    chosen = header_value or body_value
+    chosen = next(iter(named.values()), None)
     if not chosen:
         return ONESHOT_PREFIX + uuid.uuid4().hex
     check_session_id(chosen, max_chars)
@@ -144,6 +155,22 @@ def _nothing() -> None:
 def mark_last_step(request: ChatCompletionRequest) -> None:
     """Tells the engine this turn is its program's last: nothing to pin after it."""
     request.vllm_xargs = (request.vllm_xargs or {}) | {LAST_STEP_ARG: 1}
+
+
+def apply_agent_hints(request: ChatCompletionRequest, hints: AgentHints) -> None:
+    """Hands the engine what the hints say about the program's KV and order; the
+    request's own `priority` wins over a dialect's."""
+    if hints.last_turn:
+        mark_last_step(request)
+    retention: dict[str, Any] = {}
+    if hints.retain_for_s is not None:
+        retention[RETAIN_FOR_ARG] = hints.retain_for_s
+    if hints.expected_tool_s is not None:
+        retention[EXPECTED_TOOL_ARG] = hints.expected_tool_s
+    if retention:
+        request.vllm_xargs = (request.vllm_xargs or {}) | retention
+    if hints.priority is not None and request.priority == 0:
+        request.priority = hints.priority
 
 
 def _validation_message(error: ValidationError) -> str:
@@ -198,10 +225,14 @@ class ParsedChat:
     request: ChatCompletionRequest
     """The same body validated, once: what crosses to the model replica."""
     options: TurnOptions
+    hints: AgentHints
 
 
 def parse_chat_body(
-    raw: bytes, served_models: list[str], max_messages: int = MAX_MESSAGES
+    raw: bytes,
+    served_models: list[str],
+    max_messages: int = MAX_MESSAGES,
+    headers: Mapping[str, str] | None = None,
 ) -> ParsedChat:
     """Decode and validate a chat completion body; raises RequestRejected with a 4xx."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -221,6 +252,13 @@ def parse_chat_body(
     _check_messages(body.get("messages"))
     check_message_count(body["messages"], max_messages)
     options = pop_turn_options(body)
+    hints = read_agent_hints(
+        body,
+        headers or {},
+        retain_for_s=options.retain_for_s,
+        expected_tool_s=options.expected_tool_s,
+        last_turn=options.last_turn,
+    )
     try:
         request = ChatCompletionRequest.model_validate(body)
         _read_lazy_message_fields(request)
@@ -230,7 +268,7 @@ def parse_chat_body(
         raise RequestRejected(invalid_request("Request nested too deeply")) from error
     except (ValueError, VLLMClientError) as error:
         raise RequestRejected(invalid_request(f"Invalid request: {error}")) from error
-    return ParsedChat(body, request, options)
+    return ParsedChat(body, request, options, hints)
 
 
 def _read_lazy_message_fields(request: ChatCompletionRequest) -> None:
@@ -417,6 +455,12 @@ class OpenAIIngress:
             boundaries=[0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120],
             tag_keys=("route",),
         )
+        self._hints = Counter(
+            "toolserve_agent_hints",
+            description="Agent hints taken from chat requests, by dialect and hint "
+            "(e.g. dynamo.priority, sglang.retain_for_s, toolserve.last_turn).",
+            tag_keys=("hint",),
+        )
         self._program_metrics = _ProgramMetrics()
         self._programs = ProgramClock()
         self._program_idle_s = program_idle_s
@@ -520,12 +564,16 @@ class OpenAIIngress:
         try:
             tenant = self._tenant(request)
             parsed = parse_chat_body(
-                await self._body(request), self._model_names(), self._limits.max_messages
+                await self._body(request),
+                self._model_names(),
+                self._limits.max_messages,
+                request.headers,
             )
             client_program_id = program_id_for(
                 request.headers.get(SESSION_HEADER),
                 parsed.body,
                 self._limits.max_session_id_chars,
+                parsed.hints.session_id,
             )
         except RequestRejected as rejected:
             return self._rejected(route, rejected)
@@ -535,6 +583,9 @@ class OpenAIIngress:
         salt = cache_salt(tenant, chat.cache_salt, self._tenancy.shared_prefix_cache)
         chat.cache_salt = salt
         parsed.body["cache_salt"] = salt
+        apply_agent_hints(chat, parsed.hints)
+        for hint in parsed.hints.given:
+            self._hints.inc(tags={"hint": hint})
         records: list[Awaitable[object]] = []
         if client_program_id.startswith(ONESHOT_PREFIX):
             mark_last_step(chat)

@@ -25,6 +25,23 @@ class TurnOptions(BaseModel):
         description="Let the server run calls of hosted tools (and use results the "
         "client posted) and continue the turn; false: every call goes to the client.",
     )
+    retain_for_s: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Keep the program's KV this many seconds after the turn (up to the "
+        "pinning's max_ttl_s): the client knows its tool's time.",
+    )
+    expected_tool_s: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="How long the tool this turn calls will take: the TTL cost model "
+        "prices the pin with it instead of the durations it observed.",
+    )
+    last_turn: bool = Field(
+        default=False, description="The program's last turn: nothing is kept after it."
+    )
 
 
 def pop_turn_options(body: dict[str, Any]) -> TurnOptions:

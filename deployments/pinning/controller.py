@@ -13,7 +13,7 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.pinning.ttl_policy import TtlCostModel
+from deployments.pinning.ttl_policy import RetentionHint, TtlCostModel
 
 # Turns that end without a tool call are a class of their own for the cost model:
 # agents often go on after them (a truncated or unusable reply, a nudge, a new
@@ -41,6 +41,9 @@ class Pin:
     expires_at: float
     program_arrival: float
     tool: str | None = None
+    hint: RetentionHint | None = None
+    priority: int = 0
+    """vLLM's order, lower first: under pressure, the highest value lets go first."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,14 @@ class PinningController:
         return self._release(program_id, ReleaseReason.NEXT_TURN)
 
     def on_finished(
-        self, program_id: str, blocks: list[Any], tokens: int, now: float, last_step: bool
+        self,
+        program_id: str,
+        blocks: list[Any],
+        tokens: int,
+        now: float,
+        last_step: bool,
+        hint: RetentionHint | None = None,
+        priority: int = 0,
     ) -> tuple[bool, list[Pin]]:
         """A turn finished. Returns whether to pin `blocks`, and pins to release first."""
         program = self._program(program_id, now)
@@ -176,12 +186,21 @@ class PinningController:
         if not self._pinning_on or not blocks:
             return False, released
         while self._pinned_blocks + len(blocks) > self._max_pinned_blocks:
-            victim = self.latest_arrived_pin()
-            if victim is None or victim.program_arrival <= program.first_arrival:
+            victim = self.next_to_release(program.first_arrival)
+            if victim is None:
                 return False, released
             released += self._release(victim.program_id, ReleaseReason.PRESSURE)
-        ttl = self.cost_model.ttl(None, tokens)
-        pin = Pin(program_id, blocks, tokens, now, now + ttl, program.first_arrival)
+        ttl = self.cost_model.ttl(None, tokens, hint=hint)
+        pin = Pin(
+            program_id,
+            blocks,
+            tokens,
+            now,
+            now + ttl,
+            program.first_arrival,
+            hint=hint,
+            priority=priority,
+        )
         self._pins[program_id] = pin
         self._pinned_blocks += len(blocks)
         self._stats.pins_created += 1
@@ -212,7 +231,7 @@ class PinningController:
         if pin is None:
             return []
         pin.tool = tool
-        ttl = self.cost_model.ttl(tool, pin.tokens, holding_cost)
+        ttl = self.cost_model.ttl(tool, pin.tokens, holding_cost, pin.hint)
         self._stats.chosen_ttls_s.append(ttl)
         self._stats.holding_costs.append(holding_cost)
         pin.expires_at = pin.created_at + ttl
@@ -266,21 +285,22 @@ class PinningController:
                 program.awaiting_return = False
                 self.cost_model.observe_tool_duration(program.tool, math.inf)
 
-    def latest_arrived_pin(self, arrived_after: float | None = None) -> Pin | None:
-        """The pin of the latest-arrived program, among those that arrived after
-        `arrived_after` when it is given."""
+    def next_to_release(self, arrived_after: float | None = None) -> Pin | None:
+        """The pin to release first: the least important (highest vLLM priority
+        value), then the latest-arrived program; among programs that arrived
+        after `arrived_after` when it is given."""
         candidates = (
             pin
             for pin in self._pins.values()
             if arrived_after is None or pin.program_arrival > arrived_after
         )
-        return max(candidates, key=lambda pin: pin.program_arrival, default=None)
+        return max(candidates, key=lambda pin: (pin.priority, pin.program_arrival), default=None)
 
     def relieve_pressure(self, arrived_after: float | None = None) -> list[Pin]:
-        """Release the pin of the latest-arrived program (memory is short). With
-        `arrived_after`, only a program that arrived after that time may lose its
-        pin: a waiting turn never waits for a later program's pin."""
-        victim = self.latest_arrived_pin(arrived_after)
+        """Release the next pin to go (memory is short). With `arrived_after`,
+        only a program that arrived after that time may lose its pin: a waiting
+        turn never waits for a later program's pin."""
+        victim = self.next_to_release(arrived_after)
         if victim is None:
             return []
         return self._release(victim.program_id, ReleaseReason.PRESSURE)
@@ -298,7 +318,8 @@ class PinningController:
             if pin.tool is None or program_id not in holding_costs or self._is_back(program_id):
                 continue
             holding_cost = holding_costs[program_id]
-            expires_at = pin.created_at + self.cost_model.ttl(pin.tool, pin.tokens, holding_cost)
+            ttl = self.cost_model.ttl(pin.tool, pin.tokens, holding_cost, pin.hint)
+            expires_at = pin.created_at + ttl
             if expires_at == pin.expires_at:
                 continue
             if expires_at <= now:

@@ -21,8 +21,18 @@ from vllm.v1.request import Request, RequestStatus
 from deployments.pinning.controller import Pin, PinningController
 from deployments.pinning.ledger import LedgerPublisher
 from deployments.pinning.plugin import EngineOperation
-from deployments.pinning.settings import LAST_STEP_ARG, EnginePinningSettings
-from deployments.pinning.ttl_policy import PrefillProfile, TtlCostModel, displaced_share
+from deployments.pinning.settings import (
+    EXPECTED_TOOL_ARG,
+    LAST_STEP_ARG,
+    RETAIN_FOR_ARG,
+    EnginePinningSettings,
+)
+from deployments.pinning.ttl_policy import (
+    PrefillProfile,
+    RetentionHint,
+    TtlCostModel,
+    displaced_share,
+)
 
 logger = logging.getLogger("toolserve.pinning.scheduler")
 
@@ -181,10 +191,17 @@ class PinningSchedulerMixin:
                 for block in group
                 if block.block_hash is not None and not block.is_null
             ]
-            extra_args = request.sampling_params.extra_args if request.sampling_params else None
-            last_step = bool(extra_args and extra_args.get(LAST_STEP_ARG))
+            extra_args = (
+                request.sampling_params.extra_args if request.sampling_params else None
+            ) or {}
             pin_now, released = self._pinning.on_finished(
-                program_id, blocks, request.num_tokens, time.time(), last_step
+                program_id,
+                blocks,
+                request.num_tokens,
+                time.time(),
+                bool(extra_args.get(LAST_STEP_ARG)),
+                _retention_hint(extra_args),
+                request.priority,
             )
             self._release(released)
             if pin_now:
@@ -231,6 +248,17 @@ class PinningSchedulerMixin:
         if self._ledger is not None:
             self._ledger.close()
         super().shutdown()  # type: ignore[misc]
+
+
+def _retention_hint(extra_args: dict[str, Any]) -> RetentionHint | None:
+    retain_for_s = extra_args.get(RETAIN_FOR_ARG)
+    expected_tool_s = extra_args.get(EXPECTED_TOOL_ARG)
+    if retain_for_s is None and expected_tool_s is None:
+        return None
+    return RetentionHint(
+        retain_for_s=None if retain_for_s is None else float(retain_for_s),
+        expected_tool_s=None if expected_tool_s is None else float(expected_tool_s),
+    )
 
 
 class PinningScheduler(PinningSchedulerMixin, Scheduler):  # type: ignore[misc]

@@ -44,6 +44,15 @@ class PrefillProfile:
         return max(0.0, self.a * tokens * tokens + self.b * tokens + self.c)
 
 
+@dataclass(frozen=True)
+class RetentionHint:
+    """A client's word on a turn's program: keep its KV `retain_for_s` seconds
+    (inf: as long as allowed), or its tool takes about `expected_tool_s`."""
+
+    retain_for_s: float | None = None
+    expected_tool_s: float | None = None
+
+
 def empirical_cdf(samples: Sequence[float], value: float) -> float:
     """Share of samples at or below value."""
     if not samples:
@@ -163,12 +172,26 @@ class TtlCostModel:
                 return durations
         return None
 
-    def ttl(self, tool: str | None, context_tokens: int, holding_cost: float = 1.0) -> float:
+    def ttl(
+        self,
+        tool: str | None,
+        context_tokens: int,
+        holding_cost: float = 1.0,
+        hint: RetentionHint | None = None,
+    ) -> float:
         """Without enough samples: the fixed TTL, or the longest while holding
-        costs nothing (a pin on memory nobody waits for delays nobody)."""
+        costs nothing (a pin on memory nobody waits for delays nobody).
+
+        A client's `retain_for_s` is the TTL (up to `max_ttl_s`), in every mode;
+        its `expected_tool_s` stands in for the tool's observed durations."""
+        if hint is not None and hint.retain_for_s is not None:
+            return min(hint.retain_for_s, self.max_ttl_s)
         if not self._use_cost_model:
             return self._fixed_ttl_s
-        durations = self._durations(tool)
+        if hint is not None and hint.expected_tool_s is not None:
+            durations: Sequence[float] | None = [hint.expected_tool_s]
+        else:
+            durations = self._durations(tool)
         if durations is None:
             return self.max_ttl_s if holding_cost <= 0 else self._fixed_ttl_s
         benefit = self.mean_queueing_delay_s * self.memoryfulness + self.prefill_reload_s(

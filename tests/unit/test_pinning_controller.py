@@ -1,5 +1,5 @@
 from deployments.pinning.controller import NO_TOOL_CALL, LedgerChange, PinningController
-from deployments.pinning.ttl_policy import TtlCostModel
+from deployments.pinning.ttl_policy import RetentionHint, TtlCostModel
 
 
 def controller(
@@ -291,3 +291,43 @@ def test_tracked_programs_are_bounded() -> None:
         pins.on_arrival(f"p{index}", float(index))
     assert pins.on_arrival("p0", 20.0) == 20.0
     assert pins.on_arrival("p9", 21.0) == 9.0
+
+
+def test_a_retain_for_hint_sets_the_ttl_up_to_the_longest_and_outlasts_repricing() -> None:
+    pins = controller()
+    for program, retain_for_s in [("short", 12.0), ("long", 600.0)]:
+        pins.on_arrival(program, 0.0)
+        hint = RetentionHint(retain_for_s=retain_for_s)
+        pins.on_finished(program, blocks(4, program), 256, 10.0, False, hint)
+        pins.on_turn_ended(program, "ls", 10.0, holding_cost=1.0)
+    assert {pin.program_id: pin.expires_at for pin in pins.pins} == {"short": 22.0, "long": 40.0}
+    assert pins.reprice(11.0, {"short": 5.0, "long": 5.0}) == []
+
+
+def test_an_expected_tool_duration_prices_the_pin_before_any_sample() -> None:
+    pins = controller()
+    pins.cost_model.observe_queueing_delay_without_kv(20.0)
+    pins.on_arrival("hinted", 0.0)
+    pins.on_arrival("plain", 0.0)
+    pins.on_finished("hinted", blocks(4, "h"), 256, 10.0, False, RetentionHint(expected_tool_s=7.0))
+    pins.on_turn_ended("hinted", "build", 10.0, holding_cost=1.0)
+    finish_turn(pins, "plain", 10.0, tool="build")
+    # A 7 s return saves 20 s for 7 s held; with no sample the fixed 2 s.
+    assert {pin.program_id: pin.expires_at for pin in pins.pins} == {"hinted": 17.0, "plain": 12.0}
+    pins.on_finished("dear", blocks(4, "d"), 256, 10.0, False, RetentionHint(expected_tool_s=25.0))
+    assert pins.on_turn_ended("dear", "build", 10.0, holding_cost=1.0)[0].program_id == "dear"
+
+
+def test_pressure_releases_the_least_important_program_before_the_latest() -> None:
+    pins = controller()
+    for arrival, (program, priority) in enumerate(
+        [("background", 5), ("urgent", -5), ("normal", 0)]
+    ):
+        pins.on_arrival(program, float(arrival))
+        pins.on_finished(program, blocks(4, program), 256, 10.0, False, priority=priority)
+    order = [pin.program_id for _ in range(3) for pin in pins.relieve_pressure()]
+    assert order == ["background", "normal", "urgent"]
+    # A waiting turn still frees only pins of programs that arrived after it.
+    for program, priority in [("background", 5), ("urgent", -5)]:
+        pins.on_finished(program, blocks(4, program), 256, 20.0, False, priority=priority)
+    assert [pin.program_id for pin in pins.relieve_pressure(arrived_after=0.5)] == ["urgent"]
