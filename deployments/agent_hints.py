@@ -63,34 +63,50 @@ class AgentHints:
     given: tuple[str, ...] = ()
 
 
-class _Dialect(BaseModel):
+class Dialect(BaseModel):
+    """A dialect's object: fields toolserve does not use are accepted and ignored."""
+
     model_config = ConfigDict(extra="allow", frozen=True)
 
     def ignored_fields(self) -> list[str]:
         return sorted(self.model_extra or {})
 
 
-class _DynamoAgentHints(_Dialect):
-    priority: int | None = None
-    latency_sensitivity: float | None = Field(default=None, allow_inf_nan=False)
+_I32 = 2**31
+
+
+class DynamoAgentHints(Dialect):
+    """Dynamo's `nvext.agent_hints`: `priority` (higher is more important) and
+    its deprecated alias `latency_sensitivity` are used."""
+
+    priority: int | None = Field(default=None, ge=-_I32, lt=_I32)
+    latency_sensitivity: float | None = Field(default=None, ge=-_I32, lt=_I32)
     osl: int | None = Field(default=None, ge=0)
     speculative_prefill: bool | None = None
-    strict_priority: int | None = Field(default=None, ge=0)
+    strict_priority: int | None = Field(default=None, ge=0, lt=_I32)
 
 
-class _DynamoSessionControl(_Dialect):
+class DynamoSessionControl(Dialect):
+    """Dynamo's `nvext.session_control`: the session is the program; `close`
+    ends it after this turn."""
+
     session_id: str = Field(min_length=1)
     action: Literal["open", "bind", "close"] | None = None
     timeout: int | None = Field(default=None, ge=0)
 
 
-class _DynamoExtension(_Dialect):
-    agent_hints: _DynamoAgentHints | None = None
-    session_control: _DynamoSessionControl | None = None
+class DynamoExtension(Dialect):
+    """Dynamo's `nvext` request extension."""
+
+    agent_hints: DynamoAgentHints | None = None
+    session_control: DynamoSessionControl | None = None
     extra_fields: list[str] | None = None
 
 
-class _SglangSessionParams(_Dialect):
+class SglangSessionParams(Dialect):
+    """SGLang's `session_params`: `id` names the program (the rest concerns
+    SGLang's token splicing)."""
+
     id: str | None = Field(default=None, min_length=1)
     rid: str | None = None
     offset: int | None = None
@@ -98,33 +114,53 @@ class _SglangSessionParams(_Dialect):
     drop_previous_output: bool | None = None
 
 
-class _SglangAgentHints(_Dialect):
+class SglangAgentHints(Dialect):
+    """SGLang's proposed `agent_hints`: expected tool time and cache TTL, in milliseconds."""
+
     expected_tool_duration_ms: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     cache_ttl_ms: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     reuse_hint: str | None = None
 
 
-class _VllmCacheControl(_Dialect):
+class VllmCacheControl(Dialect):
+    """`cache_control` of vLLM's proposed `agent_hint`: keep the KV `ttl` seconds."""
+
     type: Literal["ephemeral"] = "ephemeral"
     ttl: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
-class _VllmEdit(_Dialect):
+class VllmEdit(Dialect):
+    """An edit of vLLM's proposed context management; a whole-context `evict` ends the program."""
+
     type: Literal["offload", "prefetch", "evict"]
     block_start: int | None = Field(default=None, ge=0)
     block_end: int | None = Field(default=None, ge=0)
 
 
-class _VllmContextManagement(_Dialect):
+class VllmContextManagement(Dialect):
+    """`context_management` of vLLM's proposed `agent_hint`."""
+
     manage_request: bool | None = None
-    edits: list[_VllmEdit] = []
+    edits: list[VllmEdit] = []
 
 
-class _VllmAgentHint(_Dialect):
+class VllmAgentHint(Dialect):
+    """vLLM's proposed `agent_hint`."""
+
     session_id: str | None = Field(default=None, min_length=1)
     parent_session_id: str | None = None
-    cache_control: _VllmCacheControl | None = None
-    context_management: _VllmContextManagement | None = None
+    cache_control: VllmCacheControl | None = None
+    context_management: VllmContextManagement | None = None
+
+
+DIALECT_MODELS: dict[str, type[BaseModel]] = {
+    DYNAMO_FIELD: DynamoExtension,
+    SGLANG_SESSION_FIELD: SglangSessionParams,
+    SGLANG_HINTS_FIELD: SglangAgentHints,
+    VLLM_HINT_FIELD: VllmAgentHint,
+}
+"""The dialects' objects on a chat body, by field (for the OpenAPI document)."""
+RETENTION_SCHEMA = {"type": "number", "minimum": 0}
 
 
 class _Collected:
@@ -160,7 +196,7 @@ class _Collected:
         )
 
 
-def _parse(model: type[_Dialect], raw: Any, where: str) -> Any:
+def _parse(model: type[Dialect], raw: Any, where: str) -> Any:
     try:
         parsed = model.model_validate(raw)
     except ValidationError as error:
@@ -173,12 +209,12 @@ def _parse(model: type[_Dialect], raw: Any, where: str) -> Any:
     return parsed
 
 
-def _log_ignored(parsed: _Dialect, where: str) -> None:
+def _log_ignored(parsed: Dialect, where: str) -> None:
     ignored = parsed.ignored_fields()
     if ignored:
         logger.debug("ignored unknown hint fields in %s: %s", where, ", ".join(ignored))
     for name, value in parsed:
-        if isinstance(value, _Dialect):
+        if isinstance(value, Dialect):
             _log_ignored(value, f"{where}.{name}")
 
 
@@ -211,7 +247,7 @@ def read_agent_hints(
 
     raw_vllm = body.pop(VLLM_HINT_FIELD, None)
     if raw_vllm is not None:
-        vllm: _VllmAgentHint = _parse(_VllmAgentHint, raw_vllm, VLLM_HINT_FIELD)
+        vllm: VllmAgentHint = _parse(VllmAgentHint, raw_vllm, VLLM_HINT_FIELD)
         collected.session(f"{VLLM_HINT_FIELD}.session_id", vllm.session_id)
         if vllm.cache_control is not None and vllm.cache_control.ttl is not None:
             collected.add("vllm", "retain_for_s", vllm.cache_control.ttl)
@@ -221,9 +257,7 @@ def read_agent_hints(
 
     raw_params = body.pop(SGLANG_SESSION_FIELD, None)
     if raw_params is not None:
-        session: _SglangSessionParams = _parse(
-            _SglangSessionParams, raw_params, SGLANG_SESSION_FIELD
-        )
+        session: SglangSessionParams = _parse(SglangSessionParams, raw_params, SGLANG_SESSION_FIELD)
         collected.session(f"{SGLANG_SESSION_FIELD}.id", session.id)
     raw_retention = body.pop(SGLANG_RETENTION_FIELD, None)
     if raw_retention is not None:
@@ -242,7 +276,7 @@ def read_agent_hints(
         collected.add("sglang", "retain_for_s", float(raw_retention) or math.inf)
     raw_sglang_hints = body.pop(SGLANG_HINTS_FIELD, None)
     if raw_sglang_hints is not None:
-        sglang: _SglangAgentHints = _parse(_SglangAgentHints, raw_sglang_hints, SGLANG_HINTS_FIELD)
+        sglang: SglangAgentHints = _parse(SglangAgentHints, raw_sglang_hints, SGLANG_HINTS_FIELD)
         if sglang.cache_ttl_ms is not None:
             collected.add("sglang", "retain_for_s", sglang.cache_ttl_ms / 1000)
         if sglang.expected_tool_duration_ms is not None:
@@ -250,7 +284,7 @@ def read_agent_hints(
 
     raw_dynamo = body.pop(DYNAMO_FIELD, None)
     if raw_dynamo is not None:
-        dynamo: _DynamoExtension = _parse(_DynamoExtension, raw_dynamo, DYNAMO_FIELD)
+        dynamo: DynamoExtension = _parse(DynamoExtension, raw_dynamo, DYNAMO_FIELD)
         control = dynamo.session_control
         if control is not None:
             collected.session(f"{DYNAMO_FIELD}.session_control.session_id", control.session_id)

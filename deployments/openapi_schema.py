@@ -4,12 +4,13 @@ The routes read their bodies themselves (size caps, strict JSON, OpenAI-style
 errors), so FastAPI cannot see what they accept; this module says it, so
 clients and fuzzers generating requests from `/openapi.json` know each body.
 The chat body is vLLM's own request model, which the ingress validates with,
-plus toolserve's `toolserve` turn options."""
+plus toolserve's `toolserve` turn options and the agent-hint dialects' fields."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from deployments.agent_hints import DIALECT_MODELS, RETENTION_SCHEMA, SGLANG_RETENTION_FIELD
 from deployments.tool_api import TURN_OPTIONS_FIELD, PostedToolOutput, TurnOptions
 
 COMPONENT_REF = "#/components/schemas/{model}"
@@ -22,6 +23,11 @@ def chat_request_schema() -> tuple[dict[str, Any], dict[str, Any]]:
     schema = ChatCompletionRequest.model_json_schema(ref_template=COMPONENT_REF)
     components = schema.pop("$defs", {})
     schema["properties"][TURN_OPTIONS_FIELD] = TurnOptions.model_json_schema()
+    for field, model in DIALECT_MODELS.items():
+        dialect = model.model_json_schema(ref_template=COMPONENT_REF)
+        components.update(dialect.pop("$defs", {}))
+        schema["properties"][field] = dialect
+    schema["properties"][SGLANG_RETENTION_FIELD] = RETENTION_SCHEMA
     return schema, components
 
 
