@@ -387,6 +387,14 @@ class ServerConfig(_Strict):
     max_messages: int = Field(
         default=4096, ge=1, description="Most messages a chat request may carry (400 beyond)."
     )
+    derive_program_ids: bool = Field(
+        default=False,
+        description="A chat request without a session id (header, body or agent hint) "
+        "belongs to the program named by a digest of its conversation's opening "
+        "(instructions, first user message, tools), so agents that send no id still get "
+        "pins and program FCFS; conversations that open identically share one program. "
+        "False: such a request is a program of one turn.",
+    )
     max_session_id_chars: int = Field(
         default=256,
         ge=8,

@@ -65,6 +65,7 @@ from deployments.tool_api import (
     parse_tool_state,
     pop_turn_options,
 )
+from router.prefix import conversation_key
 from toolworkers.cache_keys import ArgumentsError, normalized_arguments
 from toolworkers.predictor import ObservedCall
 from toolworkers.speculation import observed_calls, reply_calls
@@ -78,6 +79,7 @@ SESSION_HEADER = "X-Session-ID"
 MAX_SESSION_ID_CHARS = ServerConfig.model_fields["max_session_id_chars"].default
 MAX_MESSAGES = ServerConfig.model_fields["max_messages"].default
 ONESHOT_PREFIX = "oneshot-"
+CONVERSATION_PREFIX = "conversation-"
 REPLICA_HEADER = "X-Toolserve-Replica"
 _STATUS_TIMEOUT_S = 10.0
 API_PORT_WAIT_S = 120.0
@@ -119,9 +121,11 @@ def program_id_for(
     body: dict[str, Any],
     max_chars: int = MAX_SESSION_ID_CHARS,
     hinted: str | None = None,
+    derive: bool = False,
 ) -> str:
     """The program id of a request: header, else body field, else an agent-hint
-    dialect's session id, else a fresh one-turn id."""
+    dialect's session id, else (with `derive`) one named by how its conversation
+    opens, else a fresh one-turn id."""
     body_value = body.get("session_id")
     if body_value is not None and not (isinstance(body_value, str) and body_value):
         raise RequestRejected(
@@ -143,7 +147,8 @@ def program_id_for(
         )
     chosen = next(iter(named.values()), None)
     if not chosen:
-        return ONESHOT_PREFIX + uuid.uuid4().hex
+        opening = conversation_key(body.get("messages"), body.get("tools")) if derive else None
+        return CONVERSATION_PREFIX + opening if opening else ONESHOT_PREFIX + uuid.uuid4().hex
     check_session_id(chosen, max_chars)
     return chosen
 
@@ -410,6 +415,7 @@ class OpenAIIngress:
         limits: RequestLimits,
         program_idle_s: float = 300.0,
         direct_api_address: tuple[str, int] | None = None,
+        derive_program_ids: bool = False,
     ):
         # NOTE: request validation uses vLLM's request model; importing vLLM takes
         # seconds, so pay for it at start-up rather than on the first request.
@@ -434,6 +440,7 @@ class OpenAIIngress:
         self._sessions = KnownSessions(redis_url)
         self._tenancy = tenancy
         self._limits = limits
+        self._derive_program_ids = derive_program_ids
         self._deployment_id = deployment_id
         from toolworkers.workers import tool_executor
 
@@ -574,6 +581,7 @@ class OpenAIIngress:
                 parsed.body,
                 self._limits.max_session_id_chars,
                 parsed.hints.session_id,
+                self._derive_program_ids,
             )
         except RequestRejected as rejected:
             return self._rejected(route, rejected)

@@ -92,6 +92,29 @@ def test_program_id_defaults_to_a_fresh_one_turn_program() -> None:
     assert first.startswith("oneshot-") and first != second
 
 
+def test_a_derived_program_id_names_every_turn_of_a_conversation_alike() -> None:
+    tools = [{"type": "function", "function": {"name": "ls", "parameters": {}}}]
+    opening = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix the failing test."},
+    ]
+    later = [
+        *opening,
+        {"role": "assistant", "content": None, "tool_calls": []},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    first = program_id_for(None, {"messages": opening, "tools": tools}, derive=True)
+    assert first.startswith("conversation-")
+    assert program_id_for(None, {"messages": later, "tools": tools}, derive=True) == first
+    other_task = [opening[0], {"role": "user", "content": "Add a feature."}]
+    assert program_id_for(None, {"messages": other_task, "tools": tools}, derive=True) != first
+    assert program_id_for(None, {"messages": opening}, derive=True) != first
+    assert program_id_for(None, {"messages": opening, "tools": tools}).startswith("oneshot-")
+    no_user = {"messages": [opening[0]], "tools": tools}
+    assert program_id_for(None, no_user, derive=True).startswith("oneshot-")
+    assert program_id_for("mine", {"messages": opening}, derive=True) == "mine"
+
+
 @pytest.mark.parametrize("body", [{"session_id": ""}, {"session_id": 5}])
 def test_program_id_must_be_a_non_empty_string(body: dict[str, Any]) -> None:
     with pytest.raises(RequestRejected):
