@@ -50,6 +50,7 @@ class Engine:
         program_id: str | None,
         max_tokens: int = 8,
         last_step: bool = False,
+        priority: int = 0,
     ) -> tuple[list[int], int]:
         """Runs one turn; returns its whole context (prompt + output) and cached tokens."""
         from vllm import SamplingParams
@@ -66,6 +67,7 @@ class Engine:
             params,
             request_id=uuid.uuid4().hex,
             session_id=program_id,
+            priority=priority,
         ):
             final = output
         assert final is not None and final.finished
@@ -204,6 +206,37 @@ def test_a_large_request_completes_by_unpinning(
     assert after["releases"].get("pressure", 0) > before["releases"].get("pressure", 0)
     for program in programs:
         run(event_loop_runner, pinned_engine.control("end_program", program))
+
+
+def test_under_pressure_the_less_important_programs_pin_goes_first(
+    pinned_engine: Engine, event_loop_runner: asyncio.AbstractEventLoop, redis_url: str
+) -> None:
+    background, important = (f"{name}-{uuid.uuid4().hex[:6]}" for name in ("bg", "vip"))
+
+    async def scenario() -> tuple[list[int], int]:
+        # The background program arrives first: by arrival alone it would keep its pin.
+        await pinned_engine.turn(tokens(640, 90), background, priority=5)
+        await pinned_engine.control("turn_ended", background, "read_file")
+        context, _ = await pinned_engine.turn(tokens(640, 91), important, priority=-5)
+        await pinned_engine.control("turn_ended", important, "read_file")
+        # 44 blocks: the free ones and one program's pin (11 blocks each).
+        await asyncio.wait_for(pinned_engine.turn(tokens(2800, 92), None, max_tokens=4), 120)
+        _, cached = await pinned_engine.turn(context + tokens(32, 93), important, priority=-5)
+        return context, cached
+
+    ledger = TtlLedger(redis_url)
+    before = run(event_loop_runner, pinned_engine.control("stats"))
+    context, cached = run(event_loop_runner, scenario())
+    after = run(event_loop_runner, pinned_engine.control("stats"))
+    assert after["releases"].get("pressure", 0) == before["releases"].get("pressure", 0) + 1
+    assert cached >= 0.9 * len(context), (cached, len(context))
+    deadline = time.time() + 5
+    while ledger.lookup(background) is not None and time.time() < deadline:
+        time.sleep(0.1)
+    assert ledger.lookup(background) is None, "the background program kept its pin"
+    for program in (background, important):
+        run(event_loop_runner, pinned_engine.control("end_program", program))
+    ledger.close()
 
 
 def test_last_step_pins_nothing(
