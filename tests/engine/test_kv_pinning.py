@@ -18,7 +18,12 @@ from cluster.config import EngineConfig
 from cluster.models import EMBEDDED_SCHEME, TINY_RANDOM_LLAMA, resolve_model
 from cluster.store.pins import TtlLedger
 from deployments.pinning.plugin import UTILITY_METHOD
-from deployments.pinning.settings import LAST_STEP_ARG, EnginePinningSettings, create_engine_config
+from deployments.pinning.settings import (
+    LAST_STEP_ARG,
+    RETAIN_FOR_ARG,
+    EnginePinningSettings,
+    create_engine_config,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -51,6 +56,7 @@ class Engine:
         max_tokens: int = 8,
         last_step: bool = False,
         priority: int = 0,
+        extra_args: dict[str, Any] | None = None,
     ) -> tuple[list[int], int]:
         """Runs one turn; returns its whole context (prompt + output) and cached tokens."""
         from vllm import SamplingParams
@@ -59,7 +65,7 @@ class Engine:
             max_tokens=max_tokens,
             ignore_eos=True,
             temperature=0,
-            extra_args={LAST_STEP_ARG: 1} if last_step else None,
+            extra_args=({LAST_STEP_ARG: 1} if last_step else {}) | (extra_args or {}) or None,
         )
         final = None
         async for output in self.engine.generate(
@@ -237,6 +243,30 @@ def test_under_pressure_the_less_important_programs_pin_goes_first(
     for program in (background, important):
         run(event_loop_runner, pinned_engine.control("end_program", program))
     ledger.close()
+
+
+def test_a_pin_past_its_hinted_ttl_is_still_a_cached_prefix(
+    pinned_engine: Engine, event_loop_runner: asyncio.AbstractEventLoop
+) -> None:
+    program = f"retain-{uuid.uuid4().hex[:6]}"
+
+    async def scenario() -> tuple[list[int], int]:
+        retain = {RETAIN_FOR_ARG: 0.5}
+        context, _ = await pinned_engine.turn(tokens(640, 95), program, extra_args=retain)
+        await pinned_engine.control("turn_ended", program, "read_file")
+        await asyncio.sleep(1.0)
+        await pinned_engine.turn(tokens(64, 96), None)  # a step, which expires the pin
+        _, cached = await pinned_engine.turn(context + tokens(32, 97), program)
+        return context, cached
+
+    before = run(event_loop_runner, pinned_engine.control("stats"))
+    context, cached = run(event_loop_runner, scenario())
+    after = run(event_loop_runner, pinned_engine.control("stats"))
+    # The fixed TTL is 60 s: the hint's 0.5 s ended the pin, and its blocks stayed cached.
+    assert after["releases"].get("expiry", 0) == before["releases"].get("expiry", 0) + 1
+    assert after["pin_hits"] == before["pin_hits"]
+    assert cached >= 0.9 * len(context), (cached, len(context))
+    run(event_loop_runner, pinned_engine.control("end_program", program))
 
 
 def test_last_step_pins_nothing(
