@@ -3,18 +3,20 @@ agents already use, read into one `AgentHints`.
 
 Dialects (each field optional; the dialect's fields are removed from the body,
 so vLLM never sees them):
-- toolserve: `toolserve.retain_for_s`, `toolserve.expected_tool_s`, `toolserve.last_turn`.
+- toolserve: `toolserve.retain_for_s`, `toolserve.expected_tool_s`,
+  `toolserve.last_turn`, `toolserve.parent_session_id`.
 - NVIDIA Dynamo: `nvext.agent_hints` (`priority`, higher is more important;
   `latency_sensitivity`, its deprecated alias; `osl`, `speculative_prefill`,
   `strict_priority` accepted, not used), `nvext.session_control` (`session_id`,
-  `action` open/bind/close, `timeout`), and the headers `x-dynamo-session-id`
-  and `x-dynamo-session-final`.
+  `action` open/bind/close, `timeout`), and the headers `x-dynamo-session-id`,
+  `x-dynamo-session-final` and `x-dynamo-parent-session-id`.
 - SGLang: `session_params.id` on the chat body, the proposed `retention_seconds`,
   and the proposed `agent_hints` (`expected_tool_duration_ms`, `cache_ttl_ms`,
   `reuse_hint`).
-- vLLM's proposed `agent_hint` (`session_id`, `cache_control.ttl`, an `evict`
-  edit in `context_management.edits`). vLLM's own top-level `priority` (lower
-  first) and `session_id` are the request's and pass through as they are.
+- vLLM's proposed `agent_hint` (`session_id`, `parent_session_id`,
+  `cache_control.ttl`, an `evict` edit in `context_management.edits`). vLLM's
+  own top-level `priority` (lower first) and `session_id` are the request's and
+  pass through as they are.
 
 Where dialects disagree on a session id the request is refused; otherwise the
 first dialect in the order above that gives a hint wins. Unknown fields inside a
@@ -42,6 +44,7 @@ SGLANG_HINTS_FIELD = "agent_hints"
 VLLM_HINT_FIELD = "agent_hint"
 DYNAMO_SESSION_HEADER = "x-dynamo-session-id"
 DYNAMO_FINAL_HEADER = "x-dynamo-session-final"
+DYNAMO_PARENT_HEADER = "x-dynamo-parent-session-id"
 _TRUE_HEADER_VALUES = frozenset({"1", "true", "yes"})
 _FALSE_HEADER_VALUES = frozenset({"0", "false", "no", ""})
 
@@ -52,10 +55,12 @@ class AgentHints:
 
     `retain_for_s`: keep the program's KV this long after the turn (inf: as long
     as allowed); `expected_tool_s`: how long the tool it calls will take;
-    `priority`: vLLM's order, lower first; `given`: `dialect.hint` for each hint
-    taken, for metrics."""
+    `priority`: vLLM's order, lower first; `parent_session_id`: the program
+    this one was forked from (a sub-agent's parent); `given`: `dialect.hint`
+    for each hint taken, for metrics."""
 
     session_id: str | None = None
+    parent_session_id: str | None = None
     retain_for_s: float | None = None
     expected_tool_s: float | None = None
     last_turn: bool = False
@@ -148,7 +153,7 @@ class VllmAgentHint(Dialect):
     """vLLM's proposed `agent_hint`."""
 
     session_id: str | None = Field(default=None, min_length=1)
-    parent_session_id: str | None = None
+    parent_session_id: str | None = Field(default=None, min_length=1)
     cache_control: VllmCacheControl | None = None
     context_management: VllmContextManagement | None = None
 
@@ -190,6 +195,7 @@ class _Collected:
             session_id=next(iter(distinct), None),
             retain_for_s=self.values.get("retain_for_s"),
             expected_tool_s=self.values.get("expected_tool_s"),
+            parent_session_id=self.values.get("parent_session_id"),
             last_turn=bool(self.values.get("last_turn", False)),
             priority=self.values.get("priority"),
             given=tuple(self.sources.values()),
@@ -237,6 +243,7 @@ def read_agent_hints(
     retain_for_s: float | None = None,
     expected_tool_s: float | None = None,
     last_turn: bool = False,
+    parent_session_id: str | None = None,
 ) -> AgentHints:
     """Removes the dialects' fields from `body` and reads them, after the
     toolserve options given as keywords. `headers` are looked up lower-case."""
@@ -244,11 +251,13 @@ def read_agent_hints(
     collected.add("toolserve", "retain_for_s", retain_for_s)
     collected.add("toolserve", "expected_tool_s", expected_tool_s)
     collected.add("toolserve", "last_turn", last_turn or None)
+    collected.add("toolserve", "parent_session_id", parent_session_id)
 
     raw_vllm = body.pop(VLLM_HINT_FIELD, None)
     if raw_vllm is not None:
         vllm: VllmAgentHint = _parse(VllmAgentHint, raw_vllm, VLLM_HINT_FIELD)
         collected.session(f"{VLLM_HINT_FIELD}.session_id", vllm.session_id)
+        collected.add("vllm", "parent_session_id", vllm.parent_session_id)
         if vllm.cache_control is not None and vllm.cache_control.ttl is not None:
             collected.add("vllm", "retain_for_s", vllm.cache_control.ttl)
         edits = vllm.context_management.edits if vllm.context_management else []
@@ -300,4 +309,5 @@ def read_agent_hints(
     collected.session(DYNAMO_SESSION_HEADER, headers.get(DYNAMO_SESSION_HEADER))
     if _header_flag(headers, DYNAMO_FINAL_HEADER):
         collected.add("dynamo", "last_turn", True)
+    collected.add("dynamo", "parent_session_id", headers.get(DYNAMO_PARENT_HEADER) or None)
     return collected.hints()

@@ -24,6 +24,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cluster.config import ServerConfig, ToolsConfig
 from cluster.net import wait_for_free_port
+from cluster.openai_protocol import (
+    EXPECTED_TOOL_ARG,
+    LAST_STEP_ARG,
+    PARENT_PROGRAM_ARG,
+    RETAIN_FOR_ARG,
+)
 from cluster.store.pins import ControlOperation, PinningControl, PinStore
 from cluster.store.replicas import EngineState, ReplicaStatus, ReplicaStatusStore
 from cluster.store.responses import ResponseOwner, ResponseOwners
@@ -47,7 +53,6 @@ from deployments.model_client import (
 )
 from deployments.model_server import ModelServer, ReplyHead, ReplyTail, is_last_step
 from deployments.openapi_schema import with_request_bodies
-from deployments.pinning.settings import EXPECTED_TOOL_ARG, LAST_STEP_ARG, RETAIN_FOR_ARG
 from deployments.program_clock import EndedProgram, ProgramClock, turn_bucket
 from deployments.request_limits import (
     RequestLimits,
@@ -263,6 +268,7 @@ def parse_chat_body(
         retain_for_s=options.retain_for_s,
         expected_tool_s=options.expected_tool_s,
         last_turn=options.last_turn,
+        parent_session_id=options.parent_session_id,
     )
     try:
         request = ChatCompletionRequest.model_validate(body)
@@ -583,6 +589,8 @@ class OpenAIIngress:
                 parsed.hints.session_id,
                 self._derive_program_ids,
             )
+            if parsed.hints.parent_session_id:
+                check_session_id(parsed.hints.parent_session_id, self._limits.max_session_id_chars)
         except RequestRejected as rejected:
             return self._rejected(route, rejected)
         program_id = scoped_program_id(tenant, client_program_id)
@@ -598,7 +606,9 @@ class OpenAIIngress:
         if client_program_id.startswith(ONESHOT_PREFIX):
             mark_last_step(chat)
         else:
-            records.append(self._sessions.touch(program_id, self._tenancy.session_ttl_s))
+            hinted_parent = parsed.hints.parent_session_id
+            parent_id = scoped_program_id(tenant, hinted_parent) if hinted_parent else None
+            records.append(self._record_session(chat, program_id, parent_id))
         headers = {SESSION_HEADER: client_program_id}
         if chat.tools:  # a reply can only make calls, whose outputs come back, with tools
             owner = ResponseOwner(f"chatcmpl-{chat.request_id}", tenant, program_id)
@@ -645,6 +655,17 @@ class OpenAIIngress:
             media_type="text/event-stream",
             headers=headers,
         )
+
+    async def _record_session(
+        self, chat: ChatCompletionRequest, program_id: str, parent_id: str | None
+    ) -> None:
+        """Records the session's turn; a fork's turns name its parent to the
+        router and the engine (from the hint, or as recorded when it was forked)."""
+        if parent_id == program_id:
+            parent_id = None
+        parent = await self._sessions.touch(program_id, self._tenancy.session_ttl_s, parent_id)
+        if parent is not None:
+            chat.vllm_xargs = (chat.vllm_xargs or {}) | {PARENT_PROGRAM_ARG: parent}
 
     def _turn_started(self, program_id: str, arrived: float, last_step: bool) -> Callable[[], None]:
         """Counts the turn in its program; returns what to call once (more calls do

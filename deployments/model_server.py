@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cluster.config import ModelDeploymentConfig, ToolsConfig
-from cluster.openai_protocol import ModelToolCall, ToolCallDeltas
+from cluster.openai_protocol import LAST_STEP_ARG, ModelToolCall, ToolCallDeltas
 from cluster.store.replicas import EngineState, ReplicaStatus, ReplicaStatusStore
 from deployments.continuation import Continuation, TurnContext, continuation_possible
 from deployments.errors import ApiError, engine_not_ready
 from deployments.pinning.replica import EnginePinning, tool_called
-from deployments.pinning.settings import LAST_STEP_ARG, EnginePinningSettings, create_engine_config
+from deployments.pinning.settings import EnginePinningSettings, create_engine_config
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle

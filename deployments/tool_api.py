@@ -42,6 +42,12 @@ class TurnOptions(BaseModel):
     last_turn: bool = Field(
         default=False, description="The program's last turn: nothing is kept after it."
     )
+    parent_session_id: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The program this one was forked from (a sub-agent's parent): its "
+        "turns go to the parent's replica and queue in the parent's place.",
+    )
 
 
 def pop_turn_options(body: dict[str, Any]) -> TurnOptions:

@@ -209,6 +209,9 @@ class ProgramDirectory:
         prefix = self._prefix_replicas.get(prefix_key) if prefix_key is not None else None
         return ProgramView(program_id, pinned, previous, dict(prefix or {}))
 
+    def last_replica(self, program_id: str) -> str | None:
+        return self._last_replica.get(program_id)
+
     def routed(
         self,
         program_id: str,

@@ -11,11 +11,13 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from cluster.config import RoutingConfig
+from cluster.openai_protocol import PARENT_PROGRAM_ARG
 from cluster.store._redis import UNREACHABLE
 from cluster.store.pins import ControlOperation, PinningControl, PinStore
 from cluster.store.replicas import ReplicaStatusStore
@@ -60,6 +62,12 @@ def _prefix_key_of(request: Any, min_chars: int) -> str | None:
         for tool in getattr(request, "tools", None) or []
     ]
     return shared_prefix_key(getattr(request, "messages", None), tools, min_chars)
+
+
+def _parent_of(request: Any) -> str | None:
+    """The program a forked program's turn names as its parent (`vllm_xargs`)."""
+    parent = (getattr(request, "vllm_xargs", None) or {}).get(PARENT_PROGRAM_ARG)
+    return parent if isinstance(parent, str) else None
 
 
 class _Booking(NamedTuple):
@@ -123,11 +131,15 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
             self._config.min_prefix_chars,
         )
         pinned = await self._pinned_replica(program_id)
-        decision = self._policy.choose(
-            self._directory.view(program_id, prefix_key, pinned),
-            loads,
-            self._directory.live_programs(time.monotonic()),
-        )
+        view = self._directory.view(program_id, prefix_key, pinned)
+        parent_id = _parent_of(pending_request.args[0] if pending_request.args else None)
+        if parent_id is not None and pinned is None and view.previous_replica is None:
+            # A fork's first turns go where its parent's KV is, to share its prefix.
+            parent_replica = await self._pinned_replica(parent_id)
+            view = replace(
+                view, previous_replica=parent_replica or self._directory.last_replica(parent_id)
+            )
+        decision = self._policy.choose(view, loads, self._directory.live_programs(time.monotonic()))
         self._book(metadata.internal_request_id, program_id, prefix_key, decision, pinned, loads)
         return [[by_id[decision.replica_id]]]
 

@@ -4,9 +4,10 @@ ending an unknown session can answer 404."""
 
 from __future__ import annotations
 
-from cluster.store._redis import async_client, or_fallback
+from cluster.store._redis import async_client, or_fallback, text
 
 _PREFIX = "toolserve:session:"
+_PARENT = "parent:"
 
 
 class KnownSessions:
@@ -16,14 +17,25 @@ class KnownSessions:
     def __init__(self, url: str):
         self._client = async_client(url)
 
-    async def touch(self, program_id: str, idle_ttl_s: float) -> None:
-        """The session had a turn (or a reset) now; when Redis cannot answer it
-        goes unrecorded and a later end is served without the check."""
-        await or_fallback(
-            self._client.set(_PREFIX + program_id, 1, px=max(1, int(idle_ttl_s * 1000))),
-            None,
-            f"cannot record session {program_id}",
-        )
+    async def touch(
+        self, program_id: str, idle_ttl_s: float, parent_id: str | None = None
+    ) -> str | None:
+        """The session had a turn (or a reset) now; returns the program it was
+        forked from, if any (`parent_id` records that it was). When Redis cannot
+        answer, the session goes unrecorded and a later end is served without
+        the check."""
+        key = _PREFIX + program_id
+        ttl_ms = max(1, int(idle_ttl_s * 1000))
+        pipeline = self._client.pipeline(transaction=False)
+        # The value names the parent, if any; a turn without a parent keeps it.
+        pipeline.set(key, _PARENT + (parent_id or ""), px=ttl_ms, nx=parent_id is None)
+        pipeline.pexpire(key, ttl_ms)
+        pipeline.get(key)
+        replies = await or_fallback(pipeline.execute(), None, f"cannot record session {program_id}")
+        stored = text(replies[-1]) if replies and replies[-1] is not None else ""
+        if not stored.startswith(_PARENT):  # unrecorded, or recorded by an older version
+            return None
+        return stored.removeprefix(_PARENT) or None
 
     async def forget(self, program_id: str) -> bool | None:
         """Whether the session was known (and is no longer); None when Redis

@@ -44,6 +44,8 @@ class Pin:
     hint: RetentionHint | None = None
     priority: int = 0
     """vLLM's order, lower first: under pressure, the highest value lets go first."""
+    forked: bool = False
+    """A sub-agent's program: it holds its parent's place, and lets go before it."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class _Program:
     pinned_on_arrival: bool = False
     awaiting_return: bool = False
     last_arrival: float = 0.0
+    forked: bool = False
 
 
 @dataclass
@@ -139,8 +142,14 @@ class PinningController:
             self._programs.move_to_end(program_id)
         return program
 
-    def on_arrival(self, program_id: str, now: float) -> float:
-        """A turn of the program arrived; returns the program's first arrival."""
+    def on_arrival(self, program_id: str, now: float, parent_id: str | None = None) -> float:
+        """A turn of the program arrived; returns the program's first arrival. A
+        program forked from `parent_id` starts with its parent's arrival, so its
+        turns queue in the parent's place and a pin never makes one wait for the
+        other."""
+        parent = self._programs.get(parent_id) if parent_id else None
+        if parent is not None and program_id not in self._programs:
+            self._program(program_id, parent.first_arrival).forked = True
         program = self._program(program_id, now)
         program.turns += 1
         program.last_arrival = now
@@ -200,6 +209,7 @@ class PinningController:
             program.first_arrival,
             hint=hint,
             priority=priority,
+            forked=program.forked,
         )
         self._pins[program_id] = pin
         self._pinned_blocks += len(blocks)
@@ -287,14 +297,18 @@ class PinningController:
 
     def next_to_release(self, arrived_after: float | None = None) -> Pin | None:
         """The pin to release first: the least important (highest vLLM priority
-        value), then the latest-arrived program; among programs that arrived
-        after `arrived_after` when it is given."""
+        value), then the latest-arrived program, a fork before its parent; among
+        programs that arrived after `arrived_after` when it is given."""
         candidates = (
             pin
             for pin in self._pins.values()
             if arrived_after is None or pin.program_arrival > arrived_after
         )
-        return max(candidates, key=lambda pin: (pin.priority, pin.program_arrival), default=None)
+        return max(
+            candidates,
+            key=lambda pin: (pin.priority, pin.program_arrival, pin.forked),
+            default=None,
+        )
 
     def relieve_pressure(self, arrived_after: float | None = None) -> list[Pin]:
         """Release the next pin to go (memory is short). With `arrived_after`,

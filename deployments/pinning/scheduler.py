@@ -18,15 +18,16 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
+from cluster.openai_protocol import (
+    EXPECTED_TOOL_ARG,
+    LAST_STEP_ARG,
+    PARENT_PROGRAM_ARG,
+    RETAIN_FOR_ARG,
+)
 from deployments.pinning.controller import Pin, PinningController
 from deployments.pinning.ledger import LedgerPublisher
 from deployments.pinning.plugin import EngineOperation
-from deployments.pinning.settings import (
-    EXPECTED_TOOL_ARG,
-    LAST_STEP_ARG,
-    RETAIN_FOR_ARG,
-    EnginePinningSettings,
-)
+from deployments.pinning.settings import EnginePinningSettings
 from deployments.pinning.ttl_policy import (
     PrefillProfile,
     RetentionHint,
@@ -77,7 +78,11 @@ class PinningSchedulerMixin:
         base: Scheduler = self
         program_id = request.session_id
         if program_id and request.request_id not in base.requests:
-            first_arrival = self._pinning.on_arrival(program_id, time.time())
+            extra_args = request.sampling_params.extra_args if request.sampling_params else None
+            parent_id = (extra_args or {}).get(PARENT_PROGRAM_ARG)
+            first_arrival = self._pinning.on_arrival(
+                program_id, time.time(), parent_id if isinstance(parent_id, str) else None
+            )
             if self._settings.program_fcfs:
                 request.arrival_time = first_arrival
             self._awaiting_admission[request.request_id] = program_id

@@ -9,9 +9,6 @@ from pydantic import Field
 from cluster.config import PinningConfig
 
 ADDITIONAL_CONFIG_KEY = "toolserve_pinning"
-LAST_STEP_ARG = "toolserve_last_step"
-RETAIN_FOR_ARG = "toolserve_retain_for_s"
-EXPECTED_TOOL_ARG = "toolserve_expected_tool_s"
 _SCHEDULER_MODULE = "deployments.pinning.scheduler"
 
 

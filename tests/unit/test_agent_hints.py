@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from cluster.openai_protocol import EXPECTED_TOOL_ARG, LAST_STEP_ARG, RETAIN_FOR_ARG
 from deployments.agent_hints import AgentHints, read_agent_hints
 from deployments.errors import RequestRejected
 from deployments.ingress import apply_agent_hints, parse_chat_body, program_id_for
-from deployments.pinning.settings import EXPECTED_TOOL_ARG, LAST_STEP_ARG, RETAIN_FOR_ARG
 
 MODELS = ["m"]
 

@@ -331,3 +331,18 @@ def test_pressure_releases_the_least_important_program_before_the_latest() -> No
     for program, priority in [("background", 5), ("urgent", -5)]:
         pins.on_finished(program, blocks(4, program), 256, 20.0, False, priority=priority)
     assert [pin.program_id for pin in pins.relieve_pressure(arrived_after=0.5)] == ["urgent"]
+
+
+def test_a_fork_holds_its_parents_place_and_lets_go_before_it() -> None:
+    pins = controller()
+    pins.on_arrival("parent", 0.0)
+    pins.on_arrival("later", 5.0)
+    assert pins.on_arrival("child", 10.0, parent_id="parent") == 0.0
+    assert pins.on_arrival("orphan", 11.0, parent_id="unknown") == 11.0
+    for program in ["parent", "later", "child"]:
+        finish_turn(pins, program, 20.0)
+    # The child's waiting turn frees only programs that arrived after its parent.
+    assert [pin.program_id for pin in pins.relieve_pressure(arrived_after=0.0)] == ["later"]
+    assert pins.relieve_pressure(arrived_after=0.0) == []
+    assert [pin.program_id for pin in pins.relieve_pressure()] == ["child"]
+    assert [pin.program_id for pin in pins.relieve_pressure()] == ["parent"]

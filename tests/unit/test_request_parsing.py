@@ -149,8 +149,8 @@ def test_engine_errors_map_to_openai_codes(
 
 
 def test_requests_without_a_program_are_their_programs_last_step() -> None:
+    from cluster.openai_protocol import LAST_STEP_ARG
     from deployments.ingress import ONESHOT_PREFIX, mark_last_step
-    from deployments.pinning.settings import LAST_STEP_ARG
 
     assert program_id_for(None, {}).startswith(ONESHOT_PREFIX)
     with_arguments = parse_chat_body(json.dumps(_chat(vllm_xargs={"other": 1})).encode(), MODELS)
