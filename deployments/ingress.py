@@ -62,10 +62,11 @@ from deployments.request_limits import (
     decode_json,
 )
 from deployments.speculator import SpeculationTurn, Speculator
-from deployments.tenants import Tenancy, cache_salt, scoped_program_id
+from deployments.tenants import Tenancy, cache_salt, scoped_program_id, unscoped_program_id
 from deployments.tool_api import (
     PostedToolOutput,
     TurnOptions,
+    parse_session_opening,
     parse_tool_outputs,
     parse_tool_state,
     pop_turn_options,
@@ -738,6 +739,90 @@ class OpenAIIngress:
                 raise
             else:
                 return stream, head
+
+    @app.post("/v1/sessions")
+    async def open_session(self, request: Request) -> Response:
+        """Opens a session before its first turn, or forks one from a parent
+        session (a sub-agent: see `SessionOpening`)."""
+        route = "sessions"
+        try:
+            tenant = self._tenant(request)
+            opening = parse_session_opening(await self._body(request))
+            for given in (opening.id, opening.parent_id):
+                if given is not None:
+                    check_session_id(given, self._limits.max_session_id_chars)
+        except RequestRejected as rejected:
+            return self._rejected(route, rejected)
+        client_program_id = opening.id or f"session-{uuid.uuid4().hex}"
+        program_id = scoped_program_id(tenant, client_program_id)
+        parent_id = scoped_program_id(tenant, opening.parent_id) if opening.parent_id else None
+        if parent_id == program_id:
+            return self._rejected(
+                route,
+                RequestRejected(
+                    invalid_request("A session cannot be forked from itself", "parent_id")
+                ),
+            )
+        if parent_id is not None:
+            parent = await self._sessions.lookup(parent_id)
+            if parent is not None and not parent[0]:
+                unknown = ApiError(
+                    404, f"No session {opening.parent_id!r}", "session_not_found", "parent_id"
+                )
+                self._count(route, unknown.status)
+                return error_response(unknown)
+        await self._sessions.touch(program_id, self._tenancy.session_ttl_s, parent_id)
+        self._count(route, 200)
+        return JSONResponse(
+            await self._session_view(client_program_id, program_id, opening.parent_id)
+        )
+
+    @app.get("/v1/sessions/{program_id}")
+    async def get_session(self, program_id: str, request: Request) -> Response:
+        """A session the caller's key knows: its parent and where its KV is pinned."""
+        route = "sessions"
+        client_program_id = program_id
+        try:
+            tenant = self._tenant(request)
+        except RequestRejected as rejected:
+            return self._rejected(route, rejected)
+        program_id = scoped_program_id(tenant, client_program_id)
+        known = await self._sessions.lookup(program_id)
+        if known is not None and not known[0]:
+            unknown = ApiError(
+                404, f"No session {client_program_id!r}", "session_not_found", "program_id"
+            )
+            self._count(route, unknown.status)
+            return error_response(unknown)
+        parent = known[1] if known is not None else None
+        client_parent = unscoped_program_id(tenant, parent) if parent is not None else None
+        self._count(route, 200)
+        return JSONResponse(await self._session_view(client_program_id, program_id, client_parent))
+
+    async def _session_view(
+        self, client_program_id: str, program_id: str, client_parent: str | None
+    ) -> dict[str, Any]:
+        """A session as the API shows it: `pinned` is its KV's replica, tokens and
+        expiry (Unix seconds) while pinned, else null."""
+        try:
+            entry = await asyncio.wait_for(self._pins.lookup(program_id), _STATUS_TIMEOUT_S)
+        except Exception:  # Redis down or slow: the session is still served
+            entry = None
+        pinned = (
+            None
+            if entry is None
+            else {
+                "replica": entry.replica_id,
+                "tokens": entry.tokens,
+                "expires_at": entry.expires_at,
+            }
+        )
+        return {
+            "id": client_program_id,
+            "object": "session",
+            "parent_id": client_parent,
+            "pinned": pinned,
+        }
 
     @app.delete("/v1/sessions/{program_id}")
     async def end_session(self, program_id: str, request: Request) -> Response:

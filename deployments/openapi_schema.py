@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from deployments.agent_hints import DIALECT_MODELS, RETENTION_SCHEMA, SGLANG_RETENTION_FIELD
-from deployments.tool_api import TURN_OPTIONS_FIELD, PostedToolOutput, TurnOptions
+from deployments.tool_api import TURN_OPTIONS_FIELD, PostedToolOutput, SessionOpening, TurnOptions
 
 COMPONENT_REF = "#/components/schemas/{model}"
 
@@ -61,6 +61,7 @@ def with_request_bodies(document: dict[str, Any]) -> dict[str, Any]:
         ("/v1/chat/completions", "post"): chat,
         ("/cache-tool-output/{response_id}", "post"): tool_outputs_schema(),
         ("/v1/sessions/{program_id}/tool-state/{slot}", "put"): TOOL_STATE_SCHEMA,
+        ("/v1/sessions", "post"): SessionOpening.model_json_schema(),
     }
     paths = document.get("paths", {})
     for (path, method), schema in bodies.items():

@@ -41,6 +41,11 @@ def scoped_program_id(tenant: str, program_id: str) -> str:
     return program_id if tenant == ANONYMOUS_TENANT else f"{tenant}/{program_id}"
 
 
+def unscoped_program_id(tenant: str, scoped_id: str) -> str:
+    """The id the caller sent, of a program id `scoped_program_id` made."""
+    return scoped_id if tenant == ANONYMOUS_TENANT else scoped_id.removeprefix(f"{tenant}/")
+
+
 def cache_salt(tenant: str, client_salt: str | None, shared_prefix_cache: bool) -> str | None:
     """The `cache_salt` the engine hashes a request's prefix blocks with. Unless
     the prefix cache is shared, each keyed tenant's blocks are its own: no other

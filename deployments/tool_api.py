@@ -1,6 +1,6 @@
-"""Request-side pieces of the tool API: a turn's `toolserve` options, the body
-of `POST /cache-tool-output/{response_id}` and that of
-`PUT /v1/sessions/{program_id}/tool-state/{slot}`."""
+"""Request-side pieces of the tool and session API: a turn's `toolserve`
+options, the body of `POST /cache-tool-output/{response_id}`, that of
+`PUT /v1/sessions/{program_id}/tool-state/{slot}` and that of `POST /v1/sessions`."""
 
 from __future__ import annotations
 
@@ -134,3 +134,33 @@ def parse_tool_outputs(raw: bytes) -> list[PostedToolOutput]:
             where = f"[{index}].{location}" if location else f"[{index}]"
             raise RequestRejected(unprocessable(f"Invalid entry {where}: {item['msg']}")) from error
     return outputs
+
+
+class SessionOpening(BaseModel):
+    """The body of `POST /v1/sessions`: open a session, or fork one from a parent."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str | None = Field(
+        default=None, min_length=1, description="The session's id; none: the server names one."
+    )
+    parent_id: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Fork from this session (a sub-agent of its program): the child's "
+        "turns go to the parent's replica, share its cached prefix and queue in its "
+        "place; under memory pressure the child's pin goes before the parent's.",
+    )
+
+
+def parse_session_opening(raw: bytes) -> SessionOpening:
+    """A `POST /v1/sessions` body; an empty body opens a session the server names."""
+    if not raw.strip():
+        return SessionOpening()
+    body = _json_body(raw)
+    try:
+        return SessionOpening.model_validate(body)
+    except ValidationError as error:
+        item = error.errors()[0]
+        location = ".".join(str(part) for part in item["loc"]) or "body"
+        raise RequestRejected(unprocessable(f"Invalid {location}: {item['msg']}")) from error

@@ -1,13 +1,24 @@
 """The sessions the cluster knows: a program id (as the cluster keys it) is known
-from its first turn or tool-state reset until it is ended or idle too long, so
-ending an unknown session can answer 404."""
+from its opening, first turn or tool-state reset until it is ended or idle too
+long, so ending an unknown session can answer 404; a forked session's record
+names its parent."""
 
 from __future__ import annotations
 
-from cluster.store._redis import async_client, or_fallback, text
+import logging
+
+from cluster.store._redis import UNREACHABLE, async_client, or_fallback, text
+
+logger = logging.getLogger("toolserve.store.sessions")
 
 _PREFIX = "toolserve:session:"
 _PARENT = "parent:"
+
+
+def _parent(stored: str) -> str | None:
+    if not stored.startswith(_PARENT):  # recorded by an older version
+        return None
+    return stored.removeprefix(_PARENT) or None
 
 
 class KnownSessions:
@@ -32,10 +43,17 @@ class KnownSessions:
         pipeline.pexpire(key, ttl_ms)
         pipeline.get(key)
         replies = await or_fallback(pipeline.execute(), None, f"cannot record session {program_id}")
-        stored = text(replies[-1]) if replies and replies[-1] is not None else ""
-        if not stored.startswith(_PARENT):  # unrecorded, or recorded by an older version
+        return _parent(text(replies[-1])) if replies and replies[-1] is not None else None
+
+    async def lookup(self, program_id: str) -> tuple[bool, str | None] | None:
+        """Whether the session is known, and its parent; None when Redis cannot
+        answer."""
+        try:
+            stored = await self._client.get(_PREFIX + program_id)
+        except UNREACHABLE as error:
+            logger.warning("cannot look up session %s: %s", program_id, error)
             return None
-        return stored.removeprefix(_PARENT) or None
+        return (False, None) if stored is None else (True, _parent(text(stored)))
 
     async def forget(self, program_id: str) -> bool | None:
         """Whether the session was known (and is no longer); None when Redis

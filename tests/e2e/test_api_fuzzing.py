@@ -34,6 +34,8 @@ ROUTES = [
     ("POST", "/v1/chat/completions"),
     ("GET", "/v1/models"),
     ("GET", "/v1/tools"),
+    ("POST", "/v1/sessions"),
+    ("GET", "/v1/sessions/{program_id}"),
     ("DELETE", "/v1/sessions/{program_id}"),
     ("PUT", "/v1/sessions/{program_id}/tool-state/{slot}"),
     ("POST", "/cache-tool-output/{response_id}"),
