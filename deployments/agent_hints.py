@@ -34,6 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deployments.errors import RequestRejected, invalid_request
+from deployments.request_limits import decode_json
 
 logger = logging.getLogger("toolserve.agent_hints")
 
@@ -156,6 +157,44 @@ class VllmAgentHint(Dialect):
     parent_session_id: str | None = Field(default=None, min_length=1)
     cache_control: VllmCacheControl | None = None
     context_management: VllmContextManagement | None = None
+
+
+class SglangOpenSession(Dialect):
+    """The body of SGLang's `/open_session` (`capacity_of_str_len`, `streaming`
+    and `timeout` concern SGLang's own session store and are not used)."""
+
+    session_id: str | None = Field(default=None, min_length=1)
+    capacity_of_str_len: int | None = Field(default=None, ge=0)
+    streaming: bool | None = None
+    timeout: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+
+
+class SglangCloseSession(Dialect):
+    """The body of SGLang's `/close_session`."""
+
+    session_id: str = Field(min_length=1)
+
+
+def _sglang_body(raw: bytes) -> Any:
+    try:
+        return decode_json(raw)
+    except ValueError as error:
+        raise RequestRejected(
+            invalid_request(f"Request body is not valid JSON: {error}")
+        ) from error
+
+
+def parse_sglang_open(raw: bytes) -> str | None:
+    """The session id of an SGLang `/open_session` body (None: the server names
+    one). Raises RequestRejected (400)."""
+    opened: SglangOpenSession = _parse(SglangOpenSession, _sglang_body(raw), "body")
+    return opened.session_id
+
+
+def parse_sglang_close(raw: bytes) -> str:
+    """The session id of an SGLang `/close_session` body. Raises RequestRejected (400)."""
+    closed: SglangCloseSession = _parse(SglangCloseSession, _sglang_body(raw), "body")
+    return closed.session_id
 
 
 DIALECT_MODELS: dict[str, type[BaseModel]] = {

@@ -35,7 +35,12 @@ from cluster.store.replicas import EngineState, ReplicaStatus, ReplicaStatusStor
 from cluster.store.responses import ResponseOwner, ResponseOwners
 from cluster.store.sessions import KnownSessions
 from cluster.store.tool_state import ToolStateUnavailable
-from deployments.agent_hints import AgentHints, read_agent_hints
+from deployments.agent_hints import (
+    AgentHints,
+    parse_sglang_close,
+    parse_sglang_open,
+    read_agent_hints,
+)
 from deployments.continuation import TurnContext
 from deployments.errors import (
     ApiError,
@@ -65,6 +70,7 @@ from deployments.speculator import SpeculationTurn, Speculator
 from deployments.tenants import Tenancy, cache_salt, scoped_program_id, unscoped_program_id
 from deployments.tool_api import (
     PostedToolOutput,
+    SessionOpening,
     TurnOptions,
     parse_session_opening,
     parse_tool_outputs,
@@ -157,6 +163,10 @@ def program_id_for(
         return CONVERSATION_PREFIX + opening if opening else ONESHOT_PREFIX + uuid.uuid4().hex
     check_session_id(chosen, max_chars)
     return chosen
+
+
+def _no_session(client_program_id: str | None, param: str) -> ApiError:
+    return ApiError(404, f"No session {client_program_id!r}", "session_not_found", param)
 
 
 def _nothing() -> None:
@@ -748,34 +758,59 @@ class OpenAIIngress:
         try:
             tenant = self._tenant(request)
             opening = parse_session_opening(await self._body(request))
-            for given in (opening.id, opening.parent_id):
-                if given is not None:
-                    check_session_id(given, self._limits.max_session_id_chars)
+            client_program_id, program_id = await self._open_session(tenant, opening)
         except RequestRejected as rejected:
             return self._rejected(route, rejected)
-        client_program_id = opening.id or f"session-{uuid.uuid4().hex}"
-        program_id = scoped_program_id(tenant, client_program_id)
-        parent_id = scoped_program_id(tenant, opening.parent_id) if opening.parent_id else None
-        if parent_id == program_id:
-            return self._rejected(
-                route,
-                RequestRejected(
-                    invalid_request("A session cannot be forked from itself", "parent_id")
-                ),
-            )
-        if parent_id is not None:
-            parent = await self._sessions.lookup(parent_id)
-            if parent is not None and not parent[0]:
-                unknown = ApiError(
-                    404, f"No session {opening.parent_id!r}", "session_not_found", "parent_id"
-                )
-                self._count(route, unknown.status)
-                return error_response(unknown)
-        await self._sessions.touch(program_id, self._tenancy.session_ttl_s, parent_id)
         self._count(route, 200)
         return JSONResponse(
             await self._session_view(client_program_id, program_id, opening.parent_id)
         )
+
+    @app.post("/open_session")
+    async def open_sglang_session(self, request: Request) -> Response:
+        """SGLang's session opening; answers the session's id as a JSON string."""
+        route = "sessions"
+        try:
+            tenant = self._tenant(request)
+            opening = SessionOpening(id=parse_sglang_open(await self._body(request)))
+            client_program_id, _ = await self._open_session(tenant, opening)
+        except RequestRejected as rejected:
+            return self._rejected(route, rejected)
+        self._count(route, 200)
+        return JSONResponse(client_program_id)
+
+    @app.post("/close_session")
+    async def close_sglang_session(self, request: Request) -> Response:
+        """SGLang's session closing: `DELETE /v1/sessions/{id}`, answered with an
+        empty 200."""
+        route = "sessions"
+        try:
+            tenant = self._tenant(request)
+            await self._end_session(tenant, parse_sglang_close(await self._body(request)))
+        except RequestRejected as rejected:
+            return self._rejected(route, rejected)
+        self._count(route, 200)
+        return Response(status_code=200)
+
+    async def _open_session(self, tenant: str, opening: SessionOpening) -> tuple[str, str]:
+        """Records a new session (or a fork of the caller's `parent_id`); its id as
+        the caller names it and as the cluster keys it. Raises RequestRejected."""
+        for given in (opening.id, opening.parent_id):
+            if given is not None:
+                check_session_id(given, self._limits.max_session_id_chars)
+        client_program_id = opening.id or f"session-{uuid.uuid4().hex}"
+        program_id = scoped_program_id(tenant, client_program_id)
+        parent_id = scoped_program_id(tenant, opening.parent_id) if opening.parent_id else None
+        if parent_id == program_id:
+            raise RequestRejected(
+                invalid_request("A session cannot be forked from itself", "parent_id")
+            )
+        if parent_id is not None:
+            parent = await self._sessions.lookup(parent_id)
+            if parent is not None and not parent[0]:
+                raise RequestRejected(_no_session(opening.parent_id, "parent_id"))
+        await self._sessions.touch(program_id, self._tenancy.session_ttl_s, parent_id)
+        return client_program_id, program_id
 
     @app.get("/v1/sessions/{program_id}")
     async def get_session(self, program_id: str, request: Request) -> Response:
@@ -789,11 +824,9 @@ class OpenAIIngress:
         program_id = scoped_program_id(tenant, client_program_id)
         known = await self._sessions.lookup(program_id)
         if known is not None and not known[0]:
-            unknown = ApiError(
-                404, f"No session {client_program_id!r}", "session_not_found", "program_id"
+            return self._rejected(
+                route, RequestRejected(_no_session(client_program_id, "program_id"))
             )
-            self._count(route, unknown.status)
-            return error_response(unknown)
         parent = known[1] if known is not None else None
         client_parent = unscoped_program_id(tenant, parent) if parent is not None else None
         self._count(route, 200)
@@ -829,32 +862,32 @@ class OpenAIIngress:
         """The client's agent is done: release the program's pinned KV now, on
         whichever replica holds it, and drop its stateful tools' state."""
         route = "sessions"
-        client_program_id = program_id
         try:
             tenant = self._tenant(request)
+            await self._end_session(tenant, program_id)
         except RequestRejected as rejected:
             return self._rejected(route, rejected)
+        self._count(route, 200)
+        return JSONResponse({"id": program_id, "object": "session", "deleted": True})
+
+    async def _end_session(self, tenant: str, client_program_id: str) -> None:
+        """Raises RequestRejected: 404 for a session the caller's key does not
+        know, 503 when no model replica can be told."""
         program_id = scoped_program_id(tenant, client_program_id)
         if await self._sessions.forget(program_id) is False:
-            unknown = ApiError(
-                404, f"No session {client_program_id!r}", "session_not_found", "program_id"
-            )
-            self._count(route, unknown.status)
-            return error_response(unknown)
+            raise RequestRejected(_no_session(client_program_id, "program_id"))
         try:
             ended = PinningControl(ControlOperation.END_PROGRAM, program_id)
             if await self._pins.send_control(ended) == 0:
                 await self._main.end_program(program_id)  # Redis down: one replica
         except Exception as error:
-            unavailable = engine_not_ready(f"model replica unavailable: {type(error).__name__}")
-            self._count(route, unavailable.status)
-            return error_response(unavailable)
+            raise RequestRejected(
+                engine_not_ready(f"model replica unavailable: {type(error).__name__}")
+            ) from error
         with contextlib.suppress(ToolStateUnavailable):  # it expires with its TTL
             await self._tools.states.clear(tenant, program_id)
         program = self._programs.ended(program_id)
         self._program_metrics.ended([program] if program else [])
-        self._count(route, 200)
-        return JSONResponse({"id": client_program_id, "object": "session", "deleted": True})
 
     @app.put("/v1/sessions/{program_id}/tool-state/{slot}")
     async def set_tool_state(self, program_id: str, slot: str, request: Request) -> Response:

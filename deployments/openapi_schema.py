@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from deployments.agent_hints import DIALECT_MODELS, RETENTION_SCHEMA, SGLANG_RETENTION_FIELD
+from deployments.agent_hints import (
+    DIALECT_MODELS,
+    RETENTION_SCHEMA,
+    SGLANG_RETENTION_FIELD,
+    SglangCloseSession,
+    SglangOpenSession,
+)
 from deployments.tool_api import TURN_OPTIONS_FIELD, PostedToolOutput, SessionOpening, TurnOptions
 
 COMPONENT_REF = "#/components/schemas/{model}"
@@ -62,6 +68,8 @@ def with_request_bodies(document: dict[str, Any]) -> dict[str, Any]:
         ("/cache-tool-output/{response_id}", "post"): tool_outputs_schema(),
         ("/v1/sessions/{program_id}/tool-state/{slot}", "put"): TOOL_STATE_SCHEMA,
         ("/v1/sessions", "post"): SessionOpening.model_json_schema(),
+        ("/open_session", "post"): SglangOpenSession.model_json_schema(),
+        ("/close_session", "post"): SglangCloseSession.model_json_schema(),
     }
     paths = document.get("paths", {})
     for (path, method), schema in bodies.items():

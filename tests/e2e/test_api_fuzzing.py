@@ -37,6 +37,8 @@ ROUTES = [
     ("POST", "/v1/sessions"),
     ("GET", "/v1/sessions/{program_id}"),
     ("DELETE", "/v1/sessions/{program_id}"),
+    ("POST", "/open_session"),
+    ("POST", "/close_session"),
     ("PUT", "/v1/sessions/{program_id}/tool-state/{slot}"),
     ("POST", "/cache-tool-output/{response_id}"),
     ("GET", "/health"),

@@ -1,7 +1,7 @@
 """Session control through the whole cluster: open a session, fork a sub-agent's
 session from a pinned parent (the child's first turn hits the parent's cached
 prefix on the parent's replica, and the parent keeps its pin), look sessions up,
-and no other API key can see or fork them."""
+no other API key can see or fork them, and SGLang's open and close routes."""
 
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ SYSTEM = (
     "You are a planning agent. Split the user's task into steps, call a tool for "
     "each step that needs data, and report what you found in one short paragraph."
 )
+
+
+def _root(cluster: Endpoints) -> str:
+    return cluster.api_base.removesuffix("/v1")
 
 
 def _auth(api_key: str) -> dict[str, str]:
@@ -101,3 +105,41 @@ def test_another_key_can_neither_see_nor_fork_a_session(cluster: Endpoints) -> N
     assert itself.status_code == 400
     assert _open(cluster, "tenant-a", {"parent": program}).status_code == 422
     httpx.delete(f"{cluster.api_base}/sessions/{program}", headers=_auth("tenant-a"), timeout=30)
+
+
+def test_sglangs_open_and_close_session_routes(cluster: Endpoints) -> None:
+    key = "tenant-sglang"
+    opened = httpx.post(
+        f"{_root(cluster)}/open_session",
+        json={"capacity_of_str_len": 65536, "session_id": "sub-1", "streaming": True},
+        headers=_auth(key),
+        timeout=30,
+    )
+    assert opened.status_code == 200 and opened.json() == "sub-1", opened.text
+    assert _session(cluster, key, "sub-1").status_code == 200
+    named = httpx.post(
+        f"{_root(cluster)}/open_session",
+        json={"capacity_of_str_len": 65536},
+        headers=_auth(key),
+        timeout=30,
+    )
+    assert named.status_code == 200 and isinstance(named.json(), str)
+    for session in ("sub-1", named.json()):
+        closed = httpx.post(
+            f"{_root(cluster)}/close_session",
+            json={"session_id": session},
+            headers=_auth(key),
+            timeout=30,
+        )
+        assert closed.status_code == 200 and closed.content == b"", closed.text
+    again = httpx.post(
+        f"{_root(cluster)}/close_session",
+        json={"session_id": "sub-1"},
+        headers=_auth(key),
+        timeout=30,
+    )
+    assert again.status_code == 404 and again.json()["error"]["code"] == "session_not_found"
+    malformed = httpx.post(
+        f"{_root(cluster)}/close_session", json={"id": "sub-1"}, headers=_auth(key), timeout=30
+    )
+    assert malformed.status_code == 400 and malformed.json()["error"]["param"] == "body.session_id"

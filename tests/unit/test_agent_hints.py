@@ -10,7 +10,12 @@ from typing import Any
 import pytest
 
 from cluster.openai_protocol import EXPECTED_TOOL_ARG, LAST_STEP_ARG, RETAIN_FOR_ARG
-from deployments.agent_hints import AgentHints, read_agent_hints
+from deployments.agent_hints import (
+    AgentHints,
+    parse_sglang_close,
+    parse_sglang_open,
+    read_agent_hints,
+)
 from deployments.errors import RequestRejected
 from deployments.ingress import apply_agent_hints, parse_chat_body, program_id_for
 
@@ -137,3 +142,18 @@ def test_a_chat_body_with_hints_reaches_the_engine_as_its_arguments() -> None:
     parsed = parse_chat_body(json.dumps(own_priority).encode(), MODELS)
     apply_agent_hints(parsed.request, parsed.hints)
     assert parsed.request.priority == 1
+
+
+def test_sglangs_session_bodies() -> None:
+    opening = {"capacity_of_str_len": 65536, "session_id": "sub-1", "streaming": True}
+    assert parse_sglang_open(json.dumps(opening).encode()) == "sub-1"
+    assert parse_sglang_open(b'{"capacity_of_str_len": 1024}') is None
+    assert parse_sglang_close(b'{"session_id": "sub-1"}') == "sub-1"
+    for raw, parse in [
+        (b"{}", parse_sglang_close),
+        (b"[1]", parse_sglang_open),
+        (b"{", parse_sglang_open),
+    ]:
+        with pytest.raises(RequestRejected) as rejected:
+            parse(raw)
+        assert rejected.value.error.status == 400
