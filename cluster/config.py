@@ -283,6 +283,14 @@ class ModelDeploymentConfig(_Strict):
         description="KV pinning and program-level FCFS in this deployment's engines.",
     )
 
+    @property
+    def schedules_by_priority(self) -> bool:
+        """Whether the engines order requests by vLLM's `priority` (which they
+        refuse otherwise)."""
+        if self.pinning.enabled:
+            return self.pinning.program_fcfs
+        return self.engine.extra_engine_args.get("scheduling_policy") == "priority"
+
     @model_validator(mode="after")
     def _pinning_owns_scheduler(self) -> ModelDeploymentConfig:
         owned = {"scheduler_cls", "scheduling_policy", "additional_config"}

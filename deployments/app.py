@@ -231,6 +231,7 @@ def build_application(
             config.server.program_idle_s,
             (config.server.host, config.server.port) if config.server.ingress == "direct" else None,
             config.server.derive_program_ids,
+            config.main.schedules_by_priority,
         )
     )
 

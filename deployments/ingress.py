@@ -178,9 +178,12 @@ def mark_last_step(request: ChatCompletionRequest) -> None:
     request.vllm_xargs = (request.vllm_xargs or {}) | {LAST_STEP_ARG: 1}
 
 
-def apply_agent_hints(request: ChatCompletionRequest, hints: AgentHints) -> None:
+def apply_agent_hints(
+    request: ChatCompletionRequest, hints: AgentHints, schedules_by_priority: bool = True
+) -> None:
     """Hands the engine what the hints say about the program's KV and order; the
-    request's own `priority` wins over a dialect's."""
+    request's own `priority` wins over a dialect's, which engines that do not
+    schedule by priority never see (they would refuse the request)."""
     if hints.last_turn:
         mark_last_step(request)
     retention: dict[str, Any] = {}
@@ -190,7 +193,7 @@ def apply_agent_hints(request: ChatCompletionRequest, hints: AgentHints) -> None
         retention[EXPECTED_TOOL_ARG] = hints.expected_tool_s
     if retention:
         request.vllm_xargs = (request.vllm_xargs or {}) | retention
-    if hints.priority is not None and request.priority == 0:
+    if hints.priority is not None and request.priority == 0 and schedules_by_priority:
         request.priority = hints.priority
 
 
@@ -433,6 +436,7 @@ class OpenAIIngress:
         program_idle_s: float = 300.0,
         direct_api_address: tuple[str, int] | None = None,
         derive_program_ids: bool = False,
+        schedules_by_priority: bool = True,
     ):
         # NOTE: request validation uses vLLM's request model; importing vLLM takes
         # seconds, so pay for it at start-up rather than on the first request.
@@ -458,6 +462,7 @@ class OpenAIIngress:
         self._tenancy = tenancy
         self._limits = limits
         self._derive_program_ids = derive_program_ids
+        self._schedules_by_priority = schedules_by_priority
         self._deployment_id = deployment_id
         from toolworkers.workers import tool_executor
 
@@ -610,7 +615,7 @@ class OpenAIIngress:
         salt = cache_salt(tenant, chat.cache_salt, self._tenancy.shared_prefix_cache)
         chat.cache_salt = salt
         parsed.body["cache_salt"] = salt
-        apply_agent_hints(chat, parsed.hints)
+        apply_agent_hints(chat, parsed.hints, self._schedules_by_priority)
         for hint in parsed.hints.given:
             self._hints.inc(tags={"hint": hint})
         records: list[Awaitable[object]] = []

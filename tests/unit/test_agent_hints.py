@@ -138,6 +138,9 @@ def test_a_chat_body_with_hints_reaches_the_engine_as_its_arguments() -> None:
         EXPECTED_TOOL_ARG: 3.5,
     }
     assert parsed.request.priority == -2
+    unordered = parse_chat_body(json.dumps(body).encode(), MODELS)
+    apply_agent_hints(unordered.request, unordered.hints, schedules_by_priority=False)
+    assert unordered.request.priority == 0
     own_priority = dict(body, priority=1)
     parsed = parse_chat_body(json.dumps(own_priority).encode(), MODELS)
     apply_agent_hints(parsed.request, parsed.hints)
