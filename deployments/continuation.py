@@ -411,11 +411,25 @@ class Continuation:
             )
             return None if outcome is None else outcome.result.for_model()
 
+        async def answer_in_order(indices: list[int]) -> list[str | None]:
+            return [await answer(index) for index in indices]
+
         answers: dict[int, str | None] = {}
         for hosted_pass in (False, True):
             indices = [i for i, hosted in enumerate(is_hosted) if hosted is hosted_pass]
-            outputs = await asyncio.gather(*(answer(i) for i in indices))
-            answers |= dict(zip(indices, outputs, strict=True))
+            # Calls on a program's tool state see each other's effects in the
+            # order the model wrote them, as BFCL's executor runs them.
+            stateful = [i for i in indices if self._keeps_state(calls[i].name)]
+            concurrent = [i for i in indices if i not in stateful]
+            in_order, outputs = await asyncio.gather(
+                answer_in_order(stateful), asyncio.gather(*(answer(i) for i in concurrent))
+            )
+            answers |= dict(zip(stateful, in_order, strict=True))
+            answers |= dict(zip(concurrent, outputs, strict=True))
             if None in answers.values():
                 return None
         return [answers[i] or "" for i in range(len(calls))]
+
+    def _keeps_state(self, name: str) -> bool:
+        tool = self._tools.registry.get(name)
+        return tool is not None and tool.spec.state_slot is not None

@@ -8,6 +8,10 @@ it from the slot's scenario (BFCL's `initial_config` entry for the class, set
 with `PUT /v1/sessions/{program}/tool-state/{Class}`), later calls find it as
 the previous call left it. A call runs the named function with the model's JSON
 arguments as keywords; BFCL's own checker `eval`s a Python expression instead.
+The functions that only read their backend (`READER_FUNCTIONS`) are declared
+side-effect-free: they run on a snapshot of the state and may be speculated.
+Option `latency_s`: seconds each call waits before it runs (the backends answer
+at once; the services they stand for do not).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import copy
 import importlib
 import inspect
 import json
+import time
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -37,6 +42,37 @@ BACKEND_CLASSES = (
     "VehicleControlAPI",
 )
 MAX_RESULT_CHARS = 2000
+
+# Functions that read their backend and change nothing: side-effect-free, so they
+# may be speculated and cached per state version. BFCL does not declare this; the
+# list is checked against every call of BFCL's multi-turn ground truth (the state
+# after such a call pickles as before, and a copy of the state gives the same
+# result). `get_flight_cost` and `get_outside_temperature_from_google` are
+# absent on purpose: BFCL's backends change their state in them.
+READER_FUNCTIONS: dict[str, frozenset[str]] = {
+    class_name: frozenset(names.split())
+    for class_name, names in {
+        "GorillaFileSystem": "cat diff du find grep ls pwd sort tail wc",
+        "MathAPI": "absolute_value add divide imperial_si_conversion logarithm max_value mean "
+        "min_value multiply percentage power round_number si_unit_conversion square_root "
+        "standard_deviation subtract sum_values",
+        "MessageAPI": "get_message_stats get_user_id list_users message_get_login_status "
+        "search_messages view_messages_sent",
+        "TwitterAPI": "get_tweet get_tweet_comments get_user_stats get_user_tweets "
+        "list_all_following posting_get_login_status search_tweets",
+        "TicketAPI": "get_ticket get_user_tickets ticket_get_login_status",
+        "TradingBot": "filter_stocks_by_price get_account_info get_available_stocks "
+        "get_current_time get_order_details get_order_history get_stock_info get_symbol_by_name "
+        "get_transaction_history get_watchlist trading_get_login_status",
+        "TravelAPI": "compute_exchange_rate get_all_credit_cards get_booking_history "
+        "get_budget_fiscal_year get_credit_card_balance get_nearest_airport_by_city "
+        "list_all_airports retrieve_invoice travel_get_login_status verify_traveler_information",
+        "VehicleControlAPI": "check_tire_pressure displayCarStatus display_log estimate_distance "
+        "estimate_drive_feasibility_by_mileage find_nearest_tire_shop gallon_to_liter "
+        "get_current_speed get_outside_temperature_from_weather_com get_zipcode_based_on_city "
+        "liter_to_gallon",
+    }.items()
+}
 
 
 def backend_modules() -> dict[str, str]:
@@ -121,10 +157,11 @@ def _backend_tool(class_name: str, doc: dict[str, Any]) -> Any:
         name=function_name,
         description=short_description(doc["description"]),
         parameters=to_json_schema(doc["parameters"]),
-        side_effect_free=False,
+        side_effect_free=function_name in READER_FUNCTIONS[class_name],
         state_slot=class_name,
     )
-    def call(*, state: ToolState, **arguments: Any) -> str:
+    def call(*, state: ToolState, latency_s: float = 0.0, **arguments: Any) -> str:
+        time.sleep(latency_s)
         if state.value is None:
             state.value = new_backend(class_name, state.scenario)
         return run_backend_function(state.value, function_name, arguments)

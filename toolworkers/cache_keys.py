@@ -69,14 +69,18 @@ def canonical_arguments(arguments: str | dict[str, Any] | None) -> str:
 @dataclass(frozen=True)
 class CacheScope:
     """Who may see a cached result: one tenant's one program, or (for tools whose
-    result does not depend on a program's state) all of a tenant's programs."""
+    result does not depend on a program's state) all of a tenant's programs. A
+    tool that reads a program's tool state names the `state_version` its result
+    was computed on: the result is for that program while its state is unchanged."""
 
     tenant: str
     program_id: str | None
+    state_version: str | None = None
 
     def prefix(self) -> str:
         program = "*" if self.program_id is None else self.program_id
-        return f"{_escaped(self.tenant)}/{_escaped(program)}"
+        prefix = f"{_escaped(self.tenant)}/{_escaped(program)}"
+        return prefix if self.state_version is None else f"{prefix}@{self.state_version}"
 
 
 def _escaped(part: str) -> str:

@@ -2,7 +2,8 @@
 a cached result is reused, a call another process is running is awaited, and
 otherwise the call runs on the tool workers and its result is cached for the
 tool's keep-alive. Only side-effect-free tools are cached; the others just run,
-stateful ones one at a time per program, with their program's state slot."""
+stateful ones one at a time per program, with their program's state slot. A
+stateful tool that only reads its slot is cached per version of the slot."""
 
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ PARTIAL_ORIGIN = "partial"
 _ERROR_KEEP_ALIVE_S = 2.0
 # Beyond the call's own timeout: a program's state lock outlives a call this long.
 _STATE_LEASE_MARGIN_S = 5.0
+
+
+def _state_unavailable(error: ToolStateUnavailable) -> ToolResult:
+    return ToolResult(False, f"the tool's state is unavailable: {error}", "state_unavailable", 0.0)
 
 
 class ResultSource(StrEnum):
@@ -254,6 +259,8 @@ class ToolExecutor:
                 ToolResult(False, str(error), "bad_arguments", 0.0), ResultSource.UNCACHED
             )
         call = SandboxCall(tool.function_reference, parsed, tool.options, tool.spec.timeout_s)
+        if tool.spec.reads_state_only:
+            return await self._read_state(tool, call, tenant, program_id, origin)
         if tool.spec.state_slot is not None:
             result = await self._run_stateful(call, tool.spec.state_slot, tenant, program_id)
             return ToolOutcome(result, ResultSource.UNCACHED, origin)
@@ -321,10 +328,30 @@ class ToolExecutor:
                 if result.ok and result.state is not None:
                     await self._states.save(tenant, program_id, slot, result.state)
         except ToolStateUnavailable as error:
-            return ToolResult(
-                False, f"the tool's state is unavailable: {error}", "state_unavailable", 0.0
-            )
+            return _state_unavailable(error)
         return replace(result, state=None)
+
+    async def _read_state(
+        self, tool: HostedTool, call: SandboxCall, tenant: str, program_id: str, origin: str
+    ) -> ToolOutcome:
+        """A call that only reads its program's state runs on a snapshot of the slot
+        (one atomic read, no lock: it cannot change what another call sees), and
+        whatever it leaves is dropped. Its result is shared like a side-effect-free
+        tool's, keyed by the snapshot's version: a speculation run before the model
+        makes the call is used only if no call changed the state in between."""
+        assert tool.spec.state_slot is not None
+        try:
+            contents = await self._states.load(tenant, program_id, tool.spec.state_slot)
+        except ToolStateUnavailable as error:
+            return ToolOutcome(_state_unavailable(error), ResultSource.UNCACHED, origin)
+        call = replace(call, state=contents)
+        if self._cache is None:
+            outcome = ToolOutcome(await self._run_call(call), ResultSource.UNCACHED, origin)
+        else:
+            scope = CacheScope(tenant, program_id, contents.version())
+            key = str(ToolCallKey.of(scope, tool.spec.name, call.arguments))
+            outcome = await self._single_flight(self._cache, key, tool, call, origin)
+        return replace(outcome, result=replace(outcome.result, state=None))
 
     async def _single_flight(
         self, cache: ToolCache, key: str, tool: HostedTool, call: SandboxCall, origin: str

@@ -1,7 +1,9 @@
 """Hosted tools: Python callables that declare their schema and properties with
 `@hosted_tool`, named in configuration (`tools.hosted`, one by one or as a
 `ToolSet`) and resolved into a `ToolRegistry`. Only side-effect-free tools may be
-speculated or cached; stateful tools (a `state_slot`) never are."""
+speculated or cached. A stateful tool (a `state_slot`) that is side-effect-free
+reads its program's state and changes nothing: its results are cached per state
+version (see `toolworkers.execution`); the others never are."""
 
 from __future__ import annotations
 
@@ -49,12 +51,10 @@ class ToolSpec:
     program_scoped: bool = True
     state_slot: str | None = None
 
-    def __post_init__(self) -> None:
-        if self.state_slot is not None and self.side_effect_free:
-            raise RegistryError(
-                f"tool {self.name!r} keeps state in slot {self.state_slot!r}, so it "
-                "cannot be side-effect-free (its calls change what later calls see)"
-            )
+    @property
+    def reads_state_only(self) -> bool:
+        """A stateful tool whose calls read their program's state and change nothing."""
+        return self.state_slot is not None and self.side_effect_free
 
     def openai_schema(self) -> dict[str, Any]:
         return openai_function_schema(self.name, self.description, self.parameters)
@@ -80,7 +80,9 @@ def hosted_tool(
     program (else within the tenant). `state_slot`: the tool keeps per-program
     state under this name, shared by every tool of the slot; it is called with a
     `state` keyword (`toolworkers.tool_state.ToolState`) and runs one call of the
-    program at a time. `partial_input`: the tool can start on part of its
+    program at a time, unless it is also `side_effect_free`: then it only reads the
+    state, whatever it leaves is dropped, and its calls run on a snapshot, cached
+    per state version. `partial_input`: the tool can start on part of its
     arguments while the call is still being decoded
     (`toolworkers.partial_input`)."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import time
 import uuid
@@ -29,6 +30,13 @@ class SlotContents:
 
     value: str | None
     scenario: Any
+
+    def version(self) -> str:
+        """Names these contents: equal contents, equal versions. A call that changes
+        the slot changes its version, so a result computed on one version is never
+        taken for another."""
+        payload = json.dumps([self.value, self.scenario], sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
 class ToolStateUnavailable(Exception):

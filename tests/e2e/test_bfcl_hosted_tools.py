@@ -6,12 +6,14 @@ Real Ray, Redis, vLLM (SmolLM2), the `openai` SDK and httpx."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from typing import Any
 
 import httpx
 import pytest
 from openai import OpenAI
+from prometheus_text import metric_total
 
 from cluster.launch.launcher import Endpoints
 
@@ -124,3 +126,43 @@ def test_tool_state_rejects_unknown_slots_and_non_object_scenarios(cluster: Endp
         rejected = httpx.put(_tool_state_url(cluster, "p", "GorillaFileSystem"), content=body)
         assert rejected.status_code == 422, rejected.text
         assert rejected.json()["error"]["code"] == "unprocessable_entity"
+
+
+def _cache_hits(cluster: Endpoints, tool: str) -> float:
+    text = httpx.get(cluster.metrics_url, timeout=30).text
+    return metric_total(text, "toolserve_tool_cache_hits_total", tool=tool)
+
+
+def test_a_reading_call_is_reused_until_the_programs_state_changes(
+    client: OpenAI, model_name: str, cluster: Endpoints, healthy_after: None
+) -> None:
+    """`ls` only reads the file system: its result is shared while the program's
+    state is unchanged (a speculated `ls` is used this way), and a call that
+    changes the state makes the next `ls` run again on the new state."""
+    program = f"bfcl-reader-{uuid.uuid4().hex[:8]}"
+    put = httpx.put(
+        _tool_state_url(cluster, program, "GorillaFileSystem"), json=SCENARIO, headers=_as(client)
+    )
+    assert put.status_code == 200, put.text
+    hits_before = _cache_hits(cluster, "ls")
+
+    def listing() -> list[str]:
+        (_, listed), *_ = _executed(
+            client, model_name, cluster, program, "ls", "List the current directory."
+        )
+        return list(json.loads(listed)["current_directory_content"])
+
+    first = listing()
+    assert set(first) == {"todo.md", "archive"}
+    assert listing() == first
+    deadline = time.monotonic() + 60
+    while _cache_hits(cluster, "ls") < hits_before + 1 and time.monotonic() < deadline:
+        time.sleep(2)
+    assert _cache_hits(cluster, "ls") >= hits_before + 1, "the second ls reused the first's run"
+
+    (made_arguments, made), *_ = _executed(
+        client, model_name, cluster, program, "mkdir", "Create a directory named reports."
+    )
+    assert "error" not in made, made
+    assert set(listing()) == {"todo.md", "archive", made_arguments["dir_name"]}
+    httpx.delete(f"{cluster.api_base}/sessions/{program}", headers=_as(client), timeout=30)

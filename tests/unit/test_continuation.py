@@ -281,8 +281,13 @@ CALL = {
 }
 
 
-def _continuation(create: Any, body: dict[str, Any], turn_ends: list[str | None]) -> Continuation:
-    config = ToolsConfig(hosted=[HostedToolConfig(function="toolworkers.hosted_tools:calculator")])
+def _continuation(
+    create: Any,
+    body: dict[str, Any],
+    turn_ends: list[str | None],
+    hosted: str = "toolworkers.hosted_tools:calculator",
+) -> Continuation:
+    config = ToolsConfig(hosted=[HostedToolConfig(function=hosted)])
     registry = ToolRegistry.from_config(config)
 
     async def sandboxed(call: SandboxCall) -> ToolResult:
@@ -319,6 +324,30 @@ def test_the_loop_answers_hosted_calls_and_runs_the_next_round() -> None:
     assert reply["choices"][0]["message"]["content"] == "It is 42."
     assert reply["usage"]["completion_tokens"] == 25
     assert turn_ends == [None]
+
+
+def test_calls_on_a_programs_tool_state_run_in_the_order_the_model_wrote_them() -> None:
+    sent: list[dict[str, Any]] = []
+
+    async def create(body: dict[str, Any]) -> _Reply:
+        sent.append(body)
+        return _reply({"role": "assistant", "content": "Done."}, "stop", 2)
+
+    calls = [
+        {"id": f"c{index}", "type": "function", "function": {"name": name, "arguments": arguments}}
+        for index, (name, arguments) in enumerate(
+            [("mkdir", '{"dir_name": "docs"}'), ("cd", '{"folder": "docs"}'), ("pwd", "{}")]
+        )
+    ]
+    continuation = _continuation(
+        create, BODY | {"max_tokens": 50}, [], "toolworkers.bfcl_tools:GorillaFileSystem"
+    )
+    first = _reply({"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls", 20)
+    asyncio.run(continuation.reply(first.model_dump(mode="json")))
+    answers = {m["tool_call_id"]: m["content"] for m in sent[0]["messages"] if m["role"] == "tool"}
+    # `pwd` only reads the state, so it runs without the program's lock: only the
+    # order keeps it after the `cd`.
+    assert json.loads(answers["c2"])["current_working_directory"].endswith("/docs")
 
 
 def test_a_call_of_a_client_tool_goes_back_to_the_client() -> None:

@@ -107,6 +107,21 @@ def test_policy_runs_only_declared_side_effect_free_tools_confident_enough() -> 
     assert policy.choose([_predicted("calculator", expression="1")], {"read_file"}) == []
 
 
+def test_of_a_stateful_tool_set_only_the_functions_that_read_the_state_are_speculated() -> None:
+    registry = ToolRegistry.from_config(
+        ToolsConfig(hosted=[HostedToolConfig(function="toolworkers.bfcl_tools:GorillaFileSystem")])
+    )
+    policy = SpeculationPolicy(SpeculationConfig(), registry)
+    predictions = [
+        _predicted("ls", 0.9),
+        _predicted("cat", 0.8, file_name="a.txt"),
+        _predicted("cd", 1.0, folder="src"),
+        _predicted("touch", 1.0, file_name="b.txt"),
+    ]
+    chosen = policy.choose(predictions, {"ls", "cat", "cd", "touch"})
+    assert [p.name for p in chosen] == ["ls", "cat"]
+
+
 def test_the_draft_is_asked_always_or_only_when_nothing_learned_was_started() -> None:
     learned = [_predicted("calculator", expression="1+1")]
     always = SpeculationPolicy(SpeculationConfig(), REGISTRY)
