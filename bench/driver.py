@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import httpx
 from openai import APIError, AsyncOpenAI
 from tqdm import tqdm
 
@@ -158,7 +159,8 @@ def _tool_function(program: AgentProgram, name: str) -> Callable[..., str]:
 class Driver:
     """Sends the agents' requests; `X-Session-ID` carries the program id. With a
     `draft_model`, the client speculates tool calls itself (toolserve's client
-    SDK, `toolworkers/client.py`)."""
+    SDK, `toolworkers/client.py`). `hosts_tools`: the server runs hosted tools, so
+    a program's tool state is set there before its first turn."""
 
     def __init__(
         self,
@@ -167,9 +169,11 @@ class Driver:
         system: str,
         repeat: int,
         draft_model: str | None = None,
+        hosts_tools: bool = False,
     ):
         self._model = model
         self._draft_model = draft_model
+        self._hosts_tools = hosts_tools
         self._system = system
         self._repeat = repeat
         self._client = AsyncOpenAI(
@@ -236,7 +240,11 @@ class Driver:
         tool_time = 0.0
         calls = unusable = 0
         error: str | None = None
-        while (request := program.next_request()) is not None:
+        try:
+            await self._set_tool_state(program, session_id)
+        except APIError as failure:
+            error = f"tool state: {type(failure).__name__}: {failure}"[:500]
+        while error is None and (request := program.next_request()) is not None:
             sent = time.monotonic()
             try:
                 reply, ready = await self.complete(program, request, session_id)
@@ -267,6 +275,14 @@ class Driver:
             unusable_calls=unusable,
             error=error,
         )
+
+    async def _set_tool_state(self, program: AgentProgram, session_id: str) -> None:
+        if not self._hosts_tools:
+            return
+        for slot, scenario in program.tool_state().items():
+            await self._client.put(
+                f"/sessions/{session_id}/tool-state/{slot}", body=scenario, cast_to=httpx.Response
+            )
 
     def _record(
         self,
@@ -306,8 +322,9 @@ async def run_workload(
     repeat: int,
     show_progress: bool = True,
     draft_model: str | None = None,
+    hosts_tools: bool = False,
 ) -> RunResult:
-    driver = Driver(base_url, model, system, repeat, draft_model)
+    driver = Driver(base_url, model, system, repeat, draft_model, hosts_tools)
     monitor = StallMonitor(system, repeat)
     requests: list[RequestRecord] = []
     probing: asyncio.Task[None] | None = None

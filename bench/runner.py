@@ -335,6 +335,7 @@ def _run_arm(
                             round_index,
                             options.show_progress,
                             draft_model=draft if spec.client_speculation else None,
+                            hosts_tools=spec.kind == "toolserve",
                         )
                     )
                 )

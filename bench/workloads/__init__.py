@@ -8,6 +8,11 @@ from typing import Any, Literal
 
 from bench.workloads.aiperf import AiperfWorkload
 from bench.workloads.bfcl import BfclConfig, generate_bfcl
+from bench.workloads.bfcl_speculation import (
+    BfclSpeculationConfig,
+    generate_bfcl_speculation,
+    hosted_bfcl_tools,
+)
 from bench.workloads.codegen import CodegenConfig, generate_codegen
 from bench.workloads.distributions import Distribution
 from bench.workloads.hot_path import HotPathConfig
@@ -187,6 +192,31 @@ def _speculation(size: Size) -> WorkloadPlan:
     )
 
 
+def _bfcl_speculation(size: Size) -> WorkloadPlan:
+    config = (
+        BfclSpeculationConfig(entries=3, user_turns=2, arrival_gap_s=8.0)
+        if size == "quick"
+        else BfclSpeculationConfig(entries=12, arrival_gap_s=15.0)
+    )
+    return WorkloadPlan(
+        name="bfcl-speculation",
+        size=size,
+        description=(
+            f"{config.entries} BFCL v4 multi-turn ({config.category}) entries, the first "
+            f"{config.user_turns} user turns each, one program every {config.arrival_gap_s:g}s; "
+            "each turn a plan sentence, a call of the entry's functions the model writes, "
+            f"run on BFCL's backends ({config.tool_latency_s:g}s each, hosted by toolserve), "
+            "and the answer. Not reproduced: the papers' capable models, per-call latencies, "
+            "BFCL's scoring"
+        ),
+        build=lambda seed: generate_bfcl_speculation(config, seed),
+        kv_cache_mib=768,
+        max_model_len=8192,
+        toolserve_overrides={"tools.hosted": hosted_bfcl_tools(config.tool_latency_s)},
+        reference_system="toolserve-no-speculation",
+    )
+
+
 def _aiperf_multi_turn(size: Size) -> WorkloadPlan:
     if size == "quick":
         peer = AiperfWorkload(
@@ -257,6 +287,7 @@ WORKLOADS: dict[str, Callable[[Size], WorkloadPlan]] = {
     "bfcl": _bfcl,
     "codegen": _codegen,
     "speculation": _speculation,
+    "bfcl-speculation": _bfcl_speculation,
     "aiperf-multi-turn": _aiperf_multi_turn,
     "hot-path": _hot_path,
 }

@@ -119,6 +119,11 @@ class AgentProgram(ABC):
         """Tools a client may run before the model asks (client-side speculation)."""
         return set()
 
+    def tool_state(self) -> dict[str, Any]:
+        """Initial state of the server's stateful tools for this program, by slot:
+        set before its first turn on a server that hosts them."""
+        return {}
+
     def missing_call_message(self, request: TurnRequest) -> dict[str, Any] | None:
         """What the agent says when a required call did not come; None: say nothing."""
         return {

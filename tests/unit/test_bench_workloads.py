@@ -25,6 +25,7 @@ from bench.workloads.bfcl import (
     load_entries,
     tool_schemas,
 )
+from bench.workloads.bfcl_speculation import BfclSpeculationConfig, generate_bfcl_speculation
 from bench.workloads.codegen import CodegenConfig, generate_codegen, run_python
 from bench.workloads.distributions import Distribution, poisson_arrivals
 from bench.workloads.program import Reply, ToolCall, ToolOutcome
@@ -276,6 +277,67 @@ def test_bfcl_selection_is_deterministic() -> None:
     assert ids != [p.program_id for p in generate_bfcl(config, seed=3)]
 
 
+# --- BFCL-derived speculation ---------------------------------------------------
+
+
+def test_bfcl_speculation_programs_declare_the_hosted_schemas_and_their_state() -> None:
+    plan = plan_workload("bfcl-speculation", "default")
+    registry = ToolRegistry.from_config(
+        ToolsConfig.model_validate({"hosted": plan.toolserve_overrides["tools.hosted"]})
+    )
+    hosted = registry.openai_schemas()
+    programs = plan.build(0)
+    assert len(programs) == 12 and plan.reference_system == "toolserve-no-speculation"
+    readers = 0
+    for program in programs:
+        assert all(tool in hosted for tool in program.tools)
+        assert program.tool_state(), "the server starts from the entry's initial_config"
+        assert set(program.tool_state()) <= set(registry.state_slots())
+        for tool in program.tools:
+            hosted_tool = registry.get(tool["function"]["name"])
+            readers += hosted_tool is not None and hosted_tool.spec.reads_state_only
+    assert readers > 0, "some of the declared functions may be speculated"
+    assert [p.program_id for p in plan.build(0)] == [p.program_id for p in programs]
+
+
+def test_a_bfcl_speculation_turn_is_a_plan_and_a_call_the_model_writes() -> None:
+    config = BfclSpeculationConfig(entries=200, user_turns=2, arrival_gap_s=1, tool_latency_s=0)
+    program = next(
+        program
+        for program in generate_bfcl_speculation(config, seed=0)
+        if "GorillaFileSystem" in program.tool_state() and len(program.user_turns) == 2
+    )
+    first = program.next_request()
+    assert first is not None and first.tool_choice == "auto" and first.structured_outputs
+    regex = re.compile(first.structured_outputs["regex"])
+    call = '<tool_call>\n{"name": "%s", "arguments": {%s}}\n</tool_call>'
+    plan = "I will look at the files first.\n"
+    assert regex.fullmatch(plan + call % ("ls", ""))
+    assert regex.fullmatch(plan + call % ("cd", '"folder": "document"'))
+    assert regex.fullmatch(plan + call % ("tail", '"file_name": "a.txt", "lines": -2.5, "y": true'))
+    assert not regex.fullmatch(call % ("ls", "")), "the plan sentence comes first"
+    assert not regex.fullmatch(plan + call % ("no_such_function", ""))
+    # A server that ran the call answered in the same request: the next user turn.
+    executed = (
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "s1"}]},
+        {"role": "tool", "tool_call_id": "s1", "content": "{}"},
+    )
+    asyncio.run(program.act(first, replace(_reply(content="Done."), executed_messages=executed)))
+    second = program.next_request()
+    assert second is not None and second.structured_outputs is not None
+    assert program.messages[-1] == program.user_turns[1][0]
+    # A server that handed the call back: the program runs it, then asks for the answer.
+    round_ = asyncio.run(program.act(second, _reply(ToolCall("c1", "pwd", "{}"))))
+    assert round_.calls == 1 and round_.unusable_calls == 0
+    root = next(iter(program.tool_state()["GorillaFileSystem"]["root"]))
+    assert json.loads(program.messages[-1]["content"]) == {"current_working_directory": f"/{root}"}
+    answer = program.next_request()
+    assert answer is not None and answer.tool_choice == "none" and not answer.structured_outputs
+    asyncio.run(program.act(answer, _reply(content="Done.")))
+    assert program.next_request() is None
+    assert program.turns_sent == 3
+
+
 # --- codegen -----------------------------------------------------------------
 
 
@@ -368,6 +430,33 @@ def test_every_conversation_fits_the_planned_context(
             program.messages, tools=program.tools, chat_template=template, tokenize=False
         )
         longest = max(longest, len(tokenizer(rendered)["input_ids"]) + largest_cap)
+    assert 0 < longest <= plan.max_model_len, (longest, plan.max_model_len)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_bfcl_speculation_conversations_fit_the_planned_context(
+    size: str, smollm2_chat: tuple[Any, str]
+) -> None:
+    """Each program played to its end, every turn a call the server ran with a
+    mid-size result and an answer at the token cap, fits max_model_len."""
+    tokenizer, template = smollm2_chat
+    plan = plan_workload("bfcl-speculation", size)  # type: ignore[arg-type]
+    longest = 0
+    for program in plan.build(0):
+        while (request := program.next_request()) is not None:
+            call = {"id": "s1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            executed = (
+                {"role": "assistant", "content": "I will check.", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "s1", "content": " ".join(map(str, range(200)))},
+            )
+            answer = replace(
+                _reply(content="word " * request.max_tokens), executed_messages=executed
+            )
+            asyncio.run(program.act(request, answer))
+        rendered = tokenizer.apply_chat_template(
+            program.messages, tools=program.tools, chat_template=template, tokenize=False
+        )
+        longest = max(longest, len(tokenizer(rendered)["input_ids"]))
     assert 0 < longest <= plan.max_model_len, (longest, plan.max_model_len)
 
 

@@ -1,0 +1,159 @@
+"""BFCL-derived speculation tasks: BFCL v4 multi-turn entries (the setting of the
+speculative tool calls papers) on BFCL's own stateful backends, hosted by the
+server under test.
+
+A program replays one entry's user turns. A turn's first request holds the model
+to the shape "one plan sentence, then a call of one of the entry's functions"
+(a structured output, since the 135M model makes no call of its own accord: 0 of
+84 requests in `bench/results/bfcl-quick`); the model chooses the function and
+writes its arguments. A server that hosts the backends runs the call on the
+program's state (its `initial_config`, set through the tool-state API before
+the first turn) and continues, so the model answers the user in the same
+request; a server that does not hands the call back, and the program runs it on
+its own copy of the backends, waiting the same latency, then asks for the
+answer. Speculation may run the entry's functions that only read the backend
+(`toolworkers.bfcl_tools.READER_FUNCTIONS`) before the model writes the call; a
+result is used only when the model makes that call on the same state.
+
+Not reproduced: the papers' capable models (here the 135M model's calls are
+often wrong, which is measured, not hidden: a wrong call is still run and its
+error answered), per-call latencies (every call takes BFCL v4's mean tool time
+from Continuum, arXiv 2511.02230, Table 1), BFCL's scoring.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bench.workloads.bfcl import SYSTEM_PROMPT, SafeDispatcher, load_entries, tool_schemas
+from bench.workloads.program import (
+    AgentProgram,
+    ToolCall,
+    ToolOutcome,
+    TurnRequest,
+    checked_call,
+)
+from toolworkers.bfcl_tools import BACKEND_CLASSES
+
+# A flat JSON object: what the 135M model can be held to without BFCL's schemas.
+_ARGUMENT = r'"[A-Za-z_]{1,30}": ("[A-Za-z0-9 ._/\-]{0,40}"|-?[0-9]{1,7}(\.[0-9]{1,4})?|true|false)'
+
+
+def plan_and_call_regex(function_names: list[str]) -> str:
+    """One plan sentence, then a call of one of `function_names` with flat
+    arguments of the model's choosing, in the chat template's `<tool_call>` format.
+    BFCL's function names are `[A-Za-z_]`: nothing to escape."""
+    names = "|".join(sorted(function_names))
+    return (
+        r"[A-Z][A-Za-z0-9 ,'\-]{15,150}\.\n<tool_call>\n"
+        r'\{"name": "(' + names + r')", "arguments": \{(' + _ARGUMENT + r"(, " + _ARGUMENT
+        + r"){0,3})?\}\}\n</tool_call>"
+    )  # fmt: skip
+
+
+class BfclSpeculationConfig(BaseModel):
+    """Shape of the BFCL-derived speculation workload."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    category: str = Field(default="base", description="BFCL multi-turn category.")
+    entries: int = Field(gt=0, description="Dataset entries to replay, drawn by the seed.")
+    user_turns: int = Field(
+        default=3, gt=0, description="User turns replayed per entry (its first ones)."
+    )
+    arrival_gap_s: float = Field(gt=0, description="Seconds between program arrivals.")
+    tool_latency_s: float = Field(
+        default=1.923,
+        ge=0,
+        description="Seconds every call takes: BFCL v4's mean tool time (Continuum, "
+        "arXiv 2511.02230, Table 1).",
+    )
+    max_tokens: int = Field(default=96, gt=0, description="Token cap of each model request.")
+
+
+def hosted_bfcl_tools(latency_s: float) -> list[dict[str, Any]]:
+    """`tools.hosted` entries: every BFCL backend, each call taking `latency_s`."""
+    return [
+        {"function": f"toolworkers.bfcl_tools:{name}", "options": {"latency_s": latency_s}}
+        for name in BACKEND_CLASSES
+    ]
+
+
+@dataclass
+class BfclSpeculationProgram(AgentProgram):
+    user_turns: list[list[dict[str, Any]]] = field(default_factory=list)
+    initial_config: dict[str, Any] = field(default_factory=dict)
+    dispatcher: SafeDispatcher | None = None
+    call_regex: str = ""
+    max_tokens: int = 96
+    tool_latency_s: float = 0.0
+    user_turns_started: int = 0
+
+    def tool_state(self) -> dict[str, Any]:
+        return self.initial_config
+
+    def next_request(self) -> TurnRequest | None:
+        answering = self.messages[-1]["role"] == "tool"  # the program ran the call
+        if not answering:
+            if self.user_turns_started == len(self.user_turns):
+                return None
+            self.messages.extend(self.user_turns[self.user_turns_started])
+            self.user_turns_started += 1
+        self.turns_sent += 1
+        if answering:
+            return TurnRequest(tool_choice="none", max_tokens=self.max_tokens)
+        return TurnRequest(
+            tool_choice="auto",
+            max_tokens=self.max_tokens,
+            structured_outputs={"regex": self.call_regex},
+        )
+
+    def execute(self, call: ToolCall) -> ToolOutcome:
+        dispatcher = self.dispatcher
+        assert dispatcher is not None
+        return checked_call(call, self.tools, lambda arguments: dispatcher(call.name, arguments))
+
+    def simulated_latency_s(self, turn_index: int) -> float:
+        return self.tool_latency_s
+
+    def missing_call_message(self, request: TurnRequest) -> dict[str, Any] | None:
+        return None
+
+
+def generate_bfcl_speculation(
+    config: BfclSpeculationConfig, seed: int
+) -> list[BfclSpeculationProgram]:
+    entries = [
+        entry
+        for entry in load_entries(config.category)
+        if set(entry["involved_classes"]) <= set(BACKEND_CLASSES)
+    ]
+    rng = random.Random(seed)
+    programs = []
+    for index, entry in enumerate(rng.sample(entries, min(config.entries, len(entries)))):
+        classes, excluded = entry["involved_classes"], entry.get("excluded_function", [])
+        tools = tool_schemas(classes, excluded)
+        programs.append(
+            BfclSpeculationProgram(
+                program_id=f"bfcl-spec-{seed}-{entry['id']}",
+                agent_type="bfcl-" + "+".join(sorted(classes)),
+                arrival_s=index * config.arrival_gap_s,
+                tools=tools,
+                messages=[{"role": "system", "content": SYSTEM_PROMPT}],
+                user_turns=[list(turn) for turn in entry["question"][: config.user_turns]],
+                initial_config={
+                    name: entry["initial_config"][name]
+                    for name in classes
+                    if name in entry["initial_config"]
+                },
+                dispatcher=SafeDispatcher(classes, entry["initial_config"], excluded),
+                call_regex=plan_and_call_regex([tool["function"]["name"] for tool in tools]),
+                max_tokens=config.max_tokens,
+                tool_latency_s=config.tool_latency_s,
+            )
+        )
+    return programs
