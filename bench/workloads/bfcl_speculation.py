@@ -3,15 +3,17 @@ speculative tool calls papers) on BFCL's own stateful backends, hosted by the
 server under test.
 
 A program replays one entry's user turns. A turn's first request holds the model
-to the shape "one plan sentence, then a call of one of the entry's functions"
-(a structured output, since the 135M model makes no call of its own accord: 0 of
-84 requests in `bench/results/bfcl-quick`); the model chooses the function and
-writes its arguments. A server that hosts the backends runs the call on the
-program's state (its `initial_config`, set through the tool-state API before
-the first turn) and continues, so the model answers the user in the same
-request; a server that does not hands the call back, and the program runs it on
-its own copy of the backends, waiting the same latency, then asks for the
-answer. Speculation may run the entry's functions that only read the backend
+to the shape "one plan sentence, then a call of one of the entry's functions" (a
+structured output, since the 135M model makes no call of its own accord: 0 of 84
+requests in `bench/results/bfcl-quick`); the model chooses the function and
+writes the values of its required arguments. A turn's token budget covers the
+call and the answer, however many requests the server takes for them. A server
+that hosts the backends runs the call on the program's state (its
+`initial_config`, set through the tool-state API before the first turn) and
+continues, so the model answers the user in the same request; a server that does
+not hands the call back, and the program runs it on its own copy of the
+backends, waiting the same latency, then asks for the answer. Speculation may
+run the entry's functions that only read the backend
 (`toolworkers.bfcl_tools.READER_FUNCTIONS`) before the model writes the call; a
 result is used only when the model makes that call on the same state.
 
@@ -23,7 +25,9 @@ from Continuum, arXiv 2511.02230, Table 1), BFCL's scoring.
 
 from __future__ import annotations
 
+import json
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,27 +36,51 @@ from pydantic import BaseModel, ConfigDict, Field
 from bench.workloads.bfcl import SYSTEM_PROMPT, SafeDispatcher, load_entries, tool_schemas
 from bench.workloads.program import (
     AgentProgram,
+    Reply,
     ToolCall,
     ToolOutcome,
+    ToolRound,
     TurnRequest,
     checked_call,
 )
 from toolworkers.bfcl_tools import BACKEND_CLASSES
 
-# A flat JSON object: what the 135M model can be held to without BFCL's schemas.
-_ARGUMENT = r'"[A-Za-z_]{1,30}": ("[A-Za-z0-9 ._/\-]{0,40}"|-?[0-9]{1,7}(\.[0-9]{1,4})?|true|false)'
+_STRING = r'"[A-Za-z0-9 ._/\-]{0,40}"'
+_VALUES = {
+    "integer": r"-?[0-9]{1,6}",
+    "number": r"-?[0-9]{1,6}(\.[0-9]{1,3})?",
+    "boolean": "(true|false)",
+    "object": r"\{\}",
+}
 
 
-def plan_and_call_regex(function_names: list[str]) -> str:
-    """One plan sentence, then a call of one of `function_names` with flat
-    arguments of the model's choosing, in the chat template's `<tool_call>` format.
-    BFCL's function names are `[A-Za-z_]`: nothing to escape."""
-    names = "|".join(sorted(function_names))
-    return (
-        r"[A-Z][A-Za-z0-9 ,'\-]{15,150}\.\n<tool_call>\n"
-        r'\{"name": "(' + names + r')", "arguments": \{(' + _ARGUMENT + r"(, " + _ARGUMENT
-        + r"){0,3})?\}\}\n</tool_call>"
-    )  # fmt: skip
+def _value_regex(schema: dict[str, Any]) -> str:
+    if "enum" in schema:
+        return "(" + "|".join(re.escape(json.dumps(value)) for value in schema["enum"]) + ")"
+    if schema.get("type") == "array":
+        item = _value_regex(schema.get("items") or {})
+        return r"\[(" + item + "(, " + item + r"){0,3})?\]"
+    return _VALUES.get(str(schema.get("type")), _STRING)
+
+
+def _call_regex(function: dict[str, Any]) -> str:
+    """A call of `function` with its required arguments, in order, each a value of
+    its declared type (the model writes the values)."""
+    parameters = function.get("parameters") or {}
+    properties = parameters.get("properties") or {}
+    arguments = ", ".join(
+        re.escape(json.dumps(name)) + ": " + _value_regex(properties.get(name) or {})
+        for name in parameters.get("required") or []
+    )
+    return re.escape(f'{{"name": "{function["name"]}", "arguments": {{') + arguments + r"\}\}"
+
+
+def plan_and_call_regex(tools: list[dict[str, Any]]) -> str:
+    """One plan sentence, then a call of one of `tools` in the chat template's
+    `<tool_call>` format: the function and its argument values are the model's
+    choice, the argument names and types the function's own."""
+    calls = "|".join(_call_regex(tool["function"]) for tool in tools)
+    return r"[A-Z][A-Za-z0-9 ,'\-]{15,100}\.\n<tool_call>\n(" + calls + r")\n</tool_call>"
 
 
 class BfclSpeculationConfig(BaseModel):
@@ -72,7 +100,12 @@ class BfclSpeculationConfig(BaseModel):
         description="Seconds every call takes: BFCL v4's mean tool time (Continuum, "
         "arXiv 2511.02230, Table 1).",
     )
-    max_tokens: int = Field(default=96, gt=0, description="Token cap of each model request.")
+    max_tokens: int = Field(
+        default=160,
+        gt=0,
+        description="Token budget of a user turn: the plan and call, then the answer "
+        "(a server that continues spends the same budget over its rounds).",
+    )
 
 
 def hosted_bfcl_tools(latency_s: float) -> list[dict[str, Any]]:
@@ -89,9 +122,10 @@ class BfclSpeculationProgram(AgentProgram):
     initial_config: dict[str, Any] = field(default_factory=dict)
     dispatcher: SafeDispatcher | None = None
     call_regex: str = ""
-    max_tokens: int = 96
+    max_tokens: int = 160
     tool_latency_s: float = 0.0
     user_turns_started: int = 0
+    spent_in_turn: int = 0
 
     def tool_state(self) -> dict[str, Any]:
         return self.initial_config
@@ -105,12 +139,20 @@ class BfclSpeculationProgram(AgentProgram):
             self.user_turns_started += 1
         self.turns_sent += 1
         if answering:
-            return TurnRequest(tool_choice="none", max_tokens=self.max_tokens)
+            return TurnRequest(
+                tool_choice="none", max_tokens=max(8, self.max_tokens - self.spent_in_turn)
+            )
         return TurnRequest(
             tool_choice="auto",
             max_tokens=self.max_tokens,
             structured_outputs={"regex": self.call_regex},
         )
+
+    async def act(
+        self, request: TurnRequest, reply: Reply, ready: dict[str, ToolOutcome] | None = None
+    ) -> ToolRound:
+        self.spent_in_turn = reply.completion_tokens if request.structured_outputs else 0
+        return await super().act(request, reply, ready)
 
     def execute(self, call: ToolCall) -> ToolOutcome:
         dispatcher = self.dispatcher
@@ -151,7 +193,7 @@ def generate_bfcl_speculation(
                     if name in entry["initial_config"]
                 },
                 dispatcher=SafeDispatcher(classes, entry["initial_config"], excluded),
-                call_regex=plan_and_call_regex([tool["function"]["name"] for tool in tools]),
+                call_regex=plan_and_call_regex(tools),
                 max_tokens=config.max_tokens,
                 tool_latency_s=config.tool_latency_s,
             )
