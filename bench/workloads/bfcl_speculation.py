@@ -162,9 +162,6 @@ class BfclSpeculationProgram(AgentProgram):
     def simulated_latency_s(self, turn_index: int) -> float:
         return self.tool_latency_s
 
-    def missing_call_message(self, request: TurnRequest) -> dict[str, Any] | None:
-        return None
-
 
 def generate_bfcl_speculation(
     config: BfclSpeculationConfig, seed: int
