@@ -33,13 +33,34 @@ def _titles() -> dict[int, str]:
     return titles
 
 
+def _engine_cores() -> list[int]:
+    """vLLM's engine-core processes: titled `VLLM::EngineCore`, or, where vLLM's
+    title did not take (seen in CI), the multiprocessing child a Serve replica
+    spawned (the engine core's own worker is the engine core's child)."""
+    titles = _titles()
+    cores = [pid for pid, title in titles.items() if title.startswith("VLLM::EngineCore")]
+    if cores:
+        return cores
+    spawned = []
+    for pid, title in titles.items():
+        try:
+            parent = psutil.Process(pid).ppid()
+        except psutil.Error:
+            continue
+        if "multiprocessing.spawn" in title and titles.get(parent, "").startswith(
+            "ray::ServeReplica:"
+        ):
+            spawned.append(pid)
+    return spawned
+
+
 def _the_engine_core() -> psutil.Process:
     """The cluster's one engine core, once there is exactly one (a replica Serve
     is replacing may briefly have two, or none yet)."""
     cores: list[int] = []
 
     def one_core() -> bool:
-        cores[:] = [pid for pid, title in _titles().items() if title.startswith("VLLM::EngineCore")]
+        cores[:] = _engine_cores()
         return len(cores) == 1
 
     assert wait_for(one_core, 120) is not None, f"not one engine core: {_titles()}"
