@@ -345,6 +345,34 @@ class RayConfig(_Strict):
     )
 
 
+class ResponseCacheConfig(_Strict):
+    """Exact repeats of a chat request answered from a stored reply, with no engine
+    work (the `X-Toolserve-Cache` response header says `hit` or `miss`)."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Keep replies and answer exact repeats from them: the same model, "
+        "messages, tools and sampling parameters, from the same tenant (API key) and "
+        "session (requests outside any session are shared by their tenant). Only "
+        "requests whose reply the request determines are cached: `temperature` 0 or "
+        "an explicit `seed`. A reply for which a hosted tool ran is never kept.",
+    )
+    seed_sampled_requests: bool = Field(
+        default=False,
+        description="Also cache sampled requests without a `seed`, by seeding each "
+        "from a digest of the request: repeats of the same request then sample the "
+        "same reply, which changes sampling's meaning (a client retrying for another "
+        "sample gets the same one).",
+    )
+    max_entries: int = Field(
+        default=10000, ge=1, description="Replies kept; the least recently used go first."
+    )
+    ttl_s: float = Field(default=3600, gt=0, description="A reply unused for this long is dropped.")
+    max_entry_bytes: int = Field(
+        default=1024 * 1024, ge=1024, description="Larger replies are not kept."
+    )
+
+
 class ServerConfig(_Strict):
     """The OpenAI-compatible HTTP endpoint."""
 
@@ -445,6 +473,11 @@ class ServerConfig(_Strict):
         description="How long a session id stays known after its last turn or "
         "tool-state reset; `DELETE /v1/sessions/{id}` of an id unknown to the "
         "caller's tenant (never used, ended, or idle longer) answers 404.",
+    )
+
+    response_cache: ResponseCacheConfig = Field(
+        default_factory=ResponseCacheConfig,
+        description="Replies of deterministic requests kept in Redis, for exact repeats.",
     )
 
     def accepted_api_keys(self) -> list[str]:

@@ -232,6 +232,7 @@ def build_application(
             (config.server.host, config.server.port) if config.server.ingress == "direct" else None,
             config.server.derive_program_ids,
             config.main.schedules_by_priority,
+            config.server.response_cache,
         )
     )
 

@@ -22,7 +22,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from cluster.config import ServerConfig, ToolsConfig
+from cluster.config import ResponseCacheConfig, ServerConfig, ToolsConfig
 from cluster.net import wait_for_free_port
 from cluster.openai_protocol import (
     EXPECTED_TOOL_ARG,
@@ -32,6 +32,7 @@ from cluster.openai_protocol import (
 )
 from cluster.store.pins import ControlOperation, PinningControl, PinStore
 from cluster.store.replicas import EngineState, ReplicaStatus, ReplicaStatusStore
+from cluster.store.response_cache import ResponseCache, StoredReply
 from cluster.store.responses import ResponseOwner, ResponseOwners
 from cluster.store.sessions import KnownSessions
 from cluster.store.tool_state import ToolStateUnavailable
@@ -66,6 +67,14 @@ from deployments.request_limits import (
     check_session_id,
     decode_json,
 )
+from deployments.response_cache import (
+    CacheableRequest,
+    ResponseCachePolicy,
+    StreamRecorder,
+    keepable_body,
+    served_body,
+    served_stream,
+)
 from deployments.speculator import SpeculationTurn, Speculator
 from deployments.tenants import Tenancy, cache_salt, scoped_program_id, unscoped_program_id
 from deployments.tool_api import (
@@ -93,6 +102,7 @@ MAX_MESSAGES = ServerConfig.model_fields["max_messages"].default
 ONESHOT_PREFIX = "oneshot-"
 CONVERSATION_PREFIX = "conversation-"
 REPLICA_HEADER = "X-Toolserve-Replica"
+CACHE_HEADER = "X-Toolserve-Cache"
 _STATUS_TIMEOUT_S = 10.0
 API_PORT_WAIT_S = 120.0
 _IDLE_SWEEP_S = 10.0
@@ -437,6 +447,7 @@ class OpenAIIngress:
         direct_api_address: tuple[str, int] | None = None,
         derive_program_ids: bool = False,
         schedules_by_priority: bool = True,
+        response_cache: ResponseCacheConfig | None = None,
     ):
         # NOTE: request validation uses vLLM's request model; importing vLLM takes
         # seconds, so pay for it at start-up rather than on the first request.
@@ -464,6 +475,20 @@ class OpenAIIngress:
         self._derive_program_ids = derive_program_ids
         self._schedules_by_priority = schedules_by_priority
         self._deployment_id = deployment_id
+        cache_config = response_cache or ResponseCacheConfig()
+        self._response_cache = (
+            ResponseCache(
+                redis_url,
+                cache_config.max_entries,
+                cache_config.ttl_s,
+                cache_config.max_entry_bytes,
+            )
+            if cache_config.enabled
+            else None
+        )
+        self._response_policy = ResponseCachePolicy(
+            deployment_id, cache_config.seed_sampled_requests
+        )
         from toolworkers.workers import tool_executor
 
         self._tools_config = tools
@@ -489,6 +514,16 @@ class OpenAIIngress:
             description="Agent hints taken from chat requests, by dialect and hint "
             "(e.g. dynamo.priority, sglang.retain_for_s, toolserve.last_turn).",
             tag_keys=("hint",),
+        )
+        self._response_cache_lookups = Counter(
+            "toolserve_response_cache_lookups",
+            description="Chat requests the response cache could answer, by result "
+            "(hit: answered from a kept reply; miss: sent to the engine).",
+            tag_keys=("result",),
+        )
+        self._response_cache_kept = Counter(
+            "toolserve_response_cache_kept",
+            description="Replies kept in the response cache.",
         )
         self._program_metrics = _ProgramMetrics()
         self._programs = ProgramClock()
@@ -633,6 +668,22 @@ class OpenAIIngress:
         await asyncio.gather(*records)
         to_draft = self._draft_model is not None and chat.model == self._draft_model
         execute_tools = parsed.options.execute_tools
+        cacheable = self._cacheable(parsed, tenant, client_program_id, request.headers)
+        if cacheable is not None:
+            assert self._response_cache is not None
+            if cacheable.derived_seed is not None:
+                chat.seed = cacheable.derived_seed
+            stored = (
+                await self._response_cache.lookup(cacheable.digest, cacheable.request_chars)
+                if cacheable.serve_kept
+                else None
+            )
+            self._response_cache_lookups.inc(tags={"result": "hit" if stored else "miss"})
+            if stored is not None:
+                if not to_draft:
+                    self._turn_started(program_id, started, is_last_step(chat))()
+                return self._cached_reply(stored, chat, started, headers)
+            headers[CACHE_HEADER] = "miss"
         speculation = (
             None
             if to_draft
@@ -665,12 +716,67 @@ class OpenAIIngress:
         if not head.streaming:
             turn_ended()
             self._settle(speculation, reply_calls(head.body or {}))
+            if cacheable is not None and head.body is not None and keepable_body(head.body):
+                await self._keep_reply(cacheable, head.body)
             return JSONResponse(head.body, headers=headers)
         return StreamingResponse(
-            self._relay_settling(stream, speculation, turn_ended),
+            self._relay_settling(stream, speculation, turn_ended, cacheable),
             media_type="text/event-stream",
             headers=headers,
         )
+
+    def _cacheable(
+        self,
+        parsed: ParsedChat,
+        tenant: str,
+        client_program_id: str,
+        headers: Mapping[str, str],
+    ) -> CacheableRequest | None:
+        if self._response_cache is None:
+            return None
+        session = None if client_program_id.startswith(ONESHOT_PREFIX) else client_program_id
+        return self._response_policy.cacheable(
+            parsed.body,
+            parsed.options.execute_tools,
+            tenant,
+            session,
+            headers.get("cache-control"),
+        )
+
+    def _cached_reply(
+        self,
+        stored: StoredReply,
+        chat: ChatCompletionRequest,
+        started: float,
+        headers: dict[str, str],
+    ) -> Response:
+        headers[CACHE_HEADER] = "hit"
+        response_id = f"chatcmpl-{chat.request_id}"
+        created = int(time.time())
+        self._count("chat_completions", 200)
+        self._latency.observe(time.monotonic() - started, tags={"route": "chat_completions"})
+        if stored.streamed:
+            return StreamingResponse(
+                served_stream(stored.chunks, response_id, created),
+                media_type="text/event-stream",
+                headers=headers,
+            )
+        assert stored.body is not None
+        return JSONResponse(served_body(stored.body, response_id, created), headers=headers)
+
+    async def _keep_reply(
+        self,
+        cacheable: CacheableRequest,
+        body: dict[str, Any] | None,
+        chunks: tuple[dict[str, Any], ...] = (),
+    ) -> None:
+        """Keeps a reply: a JSON `body`, or a stream's `chunks`."""
+        assert self._response_cache is not None
+        if not cacheable.keep:
+            return
+        reply = StoredReply(cacheable.request_chars, body is None, body, chunks)
+        if await self._response_cache.store(cacheable.digest, reply):
+            self._response_cache_kept.inc()
 
     async def _record_session(
         self, chat: ChatCompletionRequest, program_id: str, parent_id: str | None
@@ -721,16 +827,23 @@ class OpenAIIngress:
         stream: ReplyStream,
         speculation: SpeculationTurn | None,
         turn_ended: Callable[[], None],
+        cacheable: CacheableRequest | None = None,
     ) -> AsyncIterator[str]:
         tail: list[ReplyTail] = []
+        recorder = StreamRecorder() if cacheable is not None and cacheable.keep else None
         try:
             async for chunk in _relay(stream, tail):
+                if recorder is not None:
+                    recorder.feed(chunk)
                 yield chunk
         finally:
             turn_ended()
             if speculation is not None:
                 made = [call for ended in tail for call in ended.tool_calls]
                 self._settle(speculation, observed_calls(made))
+        whole = recorder.whole() if recorder is not None else None
+        if cacheable is not None and whole is not None:
+            await self._keep_reply(cacheable, None, whole)
 
     async def _start_chat(
         self, chat: ChatCompletionRequest, program_id: str, turn: TurnContext, to_draft: bool
