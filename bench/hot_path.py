@@ -13,6 +13,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from bench.driver import ProgramRecord, RequestRecord, RunResult
 from bench.workloads.hot_path import (
     AGENT_TYPE,
+    REPEATED,
     SEQUENTIAL,
     STREAMED,
     HotPathConfig,
@@ -30,6 +31,12 @@ def _messages(index: int) -> list[ChatCompletionMessageParam]:
         {"role": "system", "content": _SYSTEM_PROMPT},
         {"role": "user", "content": f"Question {index}: is {index} an even number?"},
     ]
+
+
+_REPEATED_QUESTION: list[ChatCompletionMessageParam] = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "In two sentences, why do agents call tools?"},
+]
 
 
 class _Phase:
@@ -116,6 +123,16 @@ async def run_hot_path(
         usage = reply.usage
         return (usage.prompt_tokens, usage.completion_tokens, None) if usage else (0, 0, None)
 
+    async def ask_again() -> tuple[int, int, float | None]:
+        reply = await client.chat.completions.create(
+            model=model,
+            messages=_REPEATED_QUESTION,
+            max_tokens=config.repeated_max_tokens,
+            temperature=0.0,
+        )
+        usage = reply.usage
+        return (usage.prompt_tokens, usage.completion_tokens, None) if usage else (0, 0, None)
+
     async def stream() -> tuple[int, int, float | None]:
         nonlocal next_index
         next_index += 1
@@ -165,14 +182,17 @@ async def run_hot_path(
                 figures.update(throughput_figure(name, len(phase.latencies_s), finished - started))
             return phase
 
-        await run_phase(SEQUENTIAL, config.sequential_requests, 1, complete)
-        for in_flight in config.concurrency:
+        if config.sequential_requests:
+            await run_phase(SEQUENTIAL, config.sequential_requests, 1, complete)
+        for in_flight in config.concurrency if config.requests_per_phase else ():
             await run_phase(
                 concurrent_phase(in_flight), config.requests_per_phase, in_flight, complete
             )
-        streamed = await run_phase(STREAMED, config.streamed_requests, 1, stream)
-        first_token = latency_figures("ttft", streamed.first_token_s)
-        figures.update(first_token)
+        if config.streamed_requests:
+            streamed = await run_phase(STREAMED, config.streamed_requests, 1, stream)
+            figures.update(latency_figures("ttft", streamed.first_token_s))
+        if config.repeated_requests:
+            await run_phase(REPEATED, config.repeated_requests, 1, ask_again)
         wall = time.monotonic() - run_started
     finally:
         await client.close()

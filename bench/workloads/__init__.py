@@ -280,6 +280,24 @@ def _hot_path(size: Size) -> WorkloadPlan:
     )
 
 
+def _repeated_prompt(size: Size) -> WorkloadPlan:
+    config = HotPathConfig(repeated_requests=50 if size == "quick" else 200)
+    return WorkloadPlan(
+        name="repeated-prompt",
+        size=size,
+        description=(
+            f"one question asked {config.repeated_requests} times, one at a time, greedy, "
+            f"up to {config.repeated_max_tokens} tokens per reply, no session: toolserve "
+            "answers every repeat from its response cache; vLLM's server decodes each "
+            "again, its prefix cache holding the prompt. Latency at the API (p50, p99)"
+        ),
+        build=lambda seed: [],
+        kv_cache_mib=128,
+        max_model_len=2048,
+        hot_path=config,
+    )
+
+
 WORKLOADS: dict[str, Callable[[Size], WorkloadPlan]] = {
     "many-agent": _many_agent,
     "bugfix-6": lambda size: _workflow("bugfix-6", size),
@@ -290,6 +308,7 @@ WORKLOADS: dict[str, Callable[[Size], WorkloadPlan]] = {
     "bfcl-speculation": _bfcl_speculation,
     "aiperf-multi-turn": _aiperf_multi_turn,
     "hot-path": _hot_path,
+    "repeated-prompt": _repeated_prompt,
 }
 
 

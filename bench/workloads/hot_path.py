@@ -3,7 +3,9 @@ the engine. One-token completions, first one at a time, then with a fixed
 number in flight (each client sends its next request when its reply arrives),
 then streamed one at a time for the time to the first token. Every request
 asks a different question, so no cache answers it; the prefix cache holds
-their shared opening on every system alike.
+their shared opening on every system alike. The repeated-prompt workload runs
+one phase of its own instead: one question asked again and again, one at a
+time (greedy), the case of toolserve's response cache.
 
 Figures per run: p50 and p99 latency of each phase, requests per second of the
 concurrent phases, time to first token of the streamed phase; the harness adds
@@ -24,6 +26,7 @@ from bench.stats import Interval, mean_interval, round_ratio_interval
 AGENT_TYPE = "hot-path"
 SEQUENTIAL = "sequential"
 STREAMED = "streamed"
+REPEATED = "repeated"
 ADDED = "added_ms"
 RATIO = "ratio"
 
@@ -33,15 +36,27 @@ class HotPathConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    sequential_requests: int = Field(gt=0, description="One-token completions sent one at a time.")
-    concurrency: tuple[int, ...] = Field(
-        description="Requests in flight in each concurrent phase (one phase per value)."
+    sequential_requests: int = Field(
+        default=0, ge=0, description="One-token completions sent one at a time."
     )
-    requests_per_phase: int = Field(gt=0, description="Requests of each concurrent phase.")
+    concurrency: tuple[int, ...] = Field(
+        default=(), description="Requests in flight in each concurrent phase (one phase per value)."
+    )
+    requests_per_phase: int = Field(
+        default=0, ge=0, description="Requests of each concurrent phase."
+    )
     streamed_requests: int = Field(
-        gt=0, description="Streamed completions sent one at a time, for the first token's time."
+        default=0,
+        ge=0,
+        description="Streamed completions sent one at a time, for the first token's time.",
     )
     streamed_max_tokens: int = Field(default=16, gt=0, description="Tokens of a streamed reply.")
+    repeated_requests: int = Field(
+        default=0, ge=0, description="Completions of one and the same question, one at a time."
+    )
+    repeated_max_tokens: int = Field(
+        default=32, gt=0, description="Tokens of a repeated question's reply."
+    )
 
 
 def concurrent_phase(in_flight: int) -> str:
@@ -49,19 +64,25 @@ def concurrent_phase(in_flight: int) -> str:
 
 
 def phases(config: HotPathConfig) -> list[str]:
-    return [SEQUENTIAL, *(concurrent_phase(c) for c in config.concurrency), STREAMED]
+    """The phases that send requests, in the order they run."""
+    concurrent = [concurrent_phase(c) for c in config.concurrency if config.requests_per_phase]
+    return [
+        *([SEQUENTIAL] if config.sequential_requests else []),
+        *concurrent,
+        *([STREAMED] if config.streamed_requests else []),
+        *([REPEATED] if config.repeated_requests else []),
+    ]
 
 
 def figure_names(config: HotPathConfig) -> list[str]:
     names = []
     for phase in phases(config):
         names += [f"{phase}_p50_ms", f"{phase}_p99_ms"]
-        if phase not in (SEQUENTIAL, STREAMED):
+        if phase not in (SEQUENTIAL, STREAMED, REPEATED):
             names.append(f"{phase}_requests_per_s")
     return [
         *names,
-        "ttft_p50_ms",
-        "ttft_p99_ms",
+        *(["ttft_p50_ms", "ttft_p99_ms"] if config.streamed_requests else []),
         "serving_cpu_ms_per_request",
         "engine_cpu_ms_per_request",
     ]

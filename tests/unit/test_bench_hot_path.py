@@ -70,3 +70,13 @@ def test_every_phase_has_its_figures_and_the_default_size_has_three_concurrencie
         "streamed_p50_ms", "streamed_p99_ms", "ttft_p50_ms", "ttft_p99_ms",
         "serving_cpu_ms_per_request", "engine_cpu_ms_per_request",
     ]  # fmt: skip
+
+
+def test_the_repeated_prompt_workload_runs_its_one_phase() -> None:
+    plan = plan_workload("repeated-prompt", "quick")
+    assert plan.hot_path is not None and plan.build(0) == []
+    assert phases(plan.hot_path) == ["repeated"]
+    assert figure_names(plan.hot_path) == [
+        "repeated_p50_ms", "repeated_p99_ms",
+        "serving_cpu_ms_per_request", "engine_cpu_ms_per_request",
+    ]  # fmt: skip
