@@ -716,7 +716,11 @@ class OpenAIIngress:
         if not head.streaming:
             turn_ended()
             self._settle(speculation, reply_calls(head.body or {}))
-            if cacheable is not None and head.body is not None and keepable_body(head.body):
+            if (
+                cacheable is not None
+                and head.body is not None
+                and keepable_body(head.body, cacheable.execute_tools)
+            ):
                 await self._keep_reply(cacheable, head.body)
             return JSONResponse(head.body, headers=headers)
         return StreamingResponse(
@@ -841,9 +845,10 @@ class OpenAIIngress:
             if speculation is not None:
                 made = [call for ended in tail for call in ended.tool_calls]
                 self._settle(speculation, observed_calls(made))
-        whole = recorder.whole() if recorder is not None else None
-        if cacheable is not None and whole is not None:
-            await self._keep_reply(cacheable, None, whole)
+        if recorder is not None and cacheable is not None:
+            whole = recorder.whole(cacheable.execute_tools)
+            if whole is not None:
+                await self._keep_reply(cacheable, None, whole)
 
     async def _start_chat(
         self, chat: ChatCompletionRequest, program_id: str, turn: TurnContext, to_draft: bool

@@ -19,6 +19,10 @@ IGNORED_FIELDS = frozenset(
 the tenant and the session), the request's id, and scheduling."""
 FINISHED = frozenset({"stop", "length", "tool_calls"})
 """Finish reasons of a whole reply (not one aborted or cut by an error)."""
+ANSWERED = frozenset({"stop", "length"})
+"""Finish reasons of a reply kept when the server may run tools for the request:
+one that ends in calls is not kept, as the next time the server may continue
+it with a result the tool cache has by then (posted by the client, speculated)."""
 SEED_BITS = 31
 
 
@@ -30,6 +34,7 @@ class CacheableRequest:
 
     digest: str
     request_chars: int
+    execute_tools: bool
     derived_seed: int | None = None
     serve_kept: bool = True
     """False: the client asked for a fresh reply (`Cache-Control: no-cache`)."""
@@ -74,7 +79,9 @@ class ResponseCachePolicy:
         scope = json.dumps([self._namespace, tenant, session or ""])
         digest = hashlib.sha256(f"{scope}\n{canonical}".encode()).hexdigest()
         derived_seed = None if greedy(body) or seeded else int(digest[:8], 16) % (1 << SEED_BITS)
-        return CacheableRequest(digest, len(canonical), derived_seed, serve_kept, keep)
+        return CacheableRequest(
+            digest, len(canonical), execute_tools, derived_seed, serve_kept, keep
+        )
 
 
 def greedy(body: dict[str, Any]) -> bool:
@@ -86,15 +93,16 @@ def greedy(body: dict[str, Any]) -> bool:
     )
 
 
-def keepable_body(body: dict[str, Any]) -> bool:
+def keepable_body(body: dict[str, Any], execute_tools: bool) -> bool:
     """A whole reply the engine alone made: no hosted tool ran for it (a tool may
     act on the world, and its next run may answer otherwise)."""
     choices = body.get("choices") or []
+    finished = ANSWERED if execute_tools else FINISHED
     return (
         bool(choices)
         and "error" not in body
         and EXTENSION_FIELD not in body
-        and all(choice.get("finish_reason") in FINISHED for choice in choices)
+        and all(choice.get("finish_reason") in finished for choice in choices)
     )
 
 
@@ -123,10 +131,12 @@ class StreamRecorder:
         if SSE_DONE.strip() in sse:
             self._done = True
 
-    def whole(self) -> tuple[dict[str, Any], ...] | None:
+    def whole(self, execute_tools: bool) -> tuple[dict[str, Any], ...] | None:
+        """The chunks, if the stream is a reply `keepable_body` would keep."""
         if self._spoiled or not self._done or not self._finished:
             return None
-        if not all(reason in FINISHED for reason in self._finished.values()):
+        finished = ANSWERED if execute_tools else FINISHED
+        if not all(reason in finished for reason in self._finished.values()):
             return None
         return tuple(self.chunks)
 

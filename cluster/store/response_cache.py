@@ -23,16 +23,19 @@ if not stored then
 end
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return stored
 """
 
 # Stores an entry; past the bound the least recently used go, and index members
-# whose entry expired (unused for the whole TTL) are dropped first.
+# whose entry expired (unused for the whole TTL) are dropped first. The index
+# itself expires with its most recently used entry.
 _STORE_REPLY = """
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 local now = tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[2]))
 redis.call('ZADD', KEYS[2], now, ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
 local excess = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[5])
 if excess > 0 then
   local evicted = redis.call('ZPOPMIN', KEYS[2], excess)

@@ -1,7 +1,8 @@
 """The response cache on the running cluster, through the `openai` SDK: an exact
 repeat of a greedy request is answered from the kept reply (plain and streamed),
 another API key or session does not see it, a sampled request is not cached, and
-`Cache-Control: no-cache` asks the engine again."""
+`Cache-Control: no-cache` asks the engine again; a reply that hands calls to the
+client is kept only when the server runs no tools for the request."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def _ask(
 ) -> tuple[str | None, str, str]:
     """The cache header, the reply's id and its text."""
     raw = client.chat.completions.with_raw_response.create(
-        model=model, messages=messages, max_tokens=8, **options
+        model=model, messages=messages, **({"max_tokens": 8} | options)
     )
     reply = raw.parse()
     return raw.headers.get(CACHE_HEADER), reply.id, reply.choices[0].message.content or ""
@@ -122,3 +123,17 @@ def test_no_cache_asks_the_engine_again_and_no_store_keeps_nothing(
     no_cache = {"Cache-Control": "no-cache"}
     assert _ask(client, model_name, messages, temperature=0, extra_headers=no_cache)[0] == "miss"
     assert _ask(client, model_name, messages, temperature=0)[0] == "hit"
+
+
+def test_a_reply_that_hands_calls_to_the_client_is_kept_only_without_server_tools(
+    client: OpenAI, model_name: str, weather_tool: dict[str, Any]
+) -> None:
+    """With server tools on, a repeat may be continued with a result the client
+    posted for the call in between, so the reply is not kept."""
+    messages = [{"role": "user", "content": f"Weather in Oslo? ({uuid.uuid4().hex[:8]})"}]
+    call = {"tools": [weather_tool], "tool_choice": "required", "temperature": 0, "max_tokens": 64}
+    assert _ask(client, model_name, messages, **call)[0] == "miss"
+    assert _ask(client, model_name, messages, **call)[0] == "miss"
+    client_runs_tools = {"toolserve": {"execute_tools": False}}
+    assert _ask(client, model_name, messages, **call, extra_body=client_runs_tools)[0] == "miss"
+    assert _ask(client, model_name, messages, **call, extra_body=client_runs_tools)[0] == "hit"

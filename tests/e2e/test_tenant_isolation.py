@@ -16,7 +16,11 @@ pytestmark = pytest.mark.e2e
 
 def _cached_prompt_tokens(client: OpenAI, model: str, prompt: str) -> int:
     reply = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=1, temperature=0
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=1,
+        temperature=0,
+        extra_headers={"Cache-Control": "no-cache"},  # the engine's cache, not the replies'
     )
     assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
     return reply.usage.prompt_tokens_details.cached_tokens or 0

@@ -124,13 +124,25 @@ def reply(finish_reason: str | None = "stop", **extra: Any) -> dict[str, Any]:
 
 
 def test_only_whole_replies_the_engine_alone_made_are_kept() -> None:
-    assert keepable_body(reply())
-    assert keepable_body(reply("tool_calls"))
-    assert not keepable_body(reply("abort"))
-    assert not keepable_body(reply(None))
-    assert not keepable_body(reply(toolserve={"executed_messages": [{"role": "tool"}]}))
-    assert not keepable_body({"error": {"message": "x"}})
-    assert not keepable_body({"choices": []})
+    assert keepable_body(reply(), execute_tools=True)
+    assert keepable_body(reply("length"), execute_tools=True)
+    assert not keepable_body(reply("abort"), execute_tools=False)
+    assert not keepable_body(reply(None), execute_tools=False)
+    ran = reply(toolserve={"executed_messages": [{"role": "tool"}]})
+    assert not keepable_body(ran, execute_tools=True)
+    assert not keepable_body({"error": {"message": "x"}}, execute_tools=False)
+    assert not keepable_body({"choices": []}, execute_tools=False)
+
+
+def test_a_reply_ending_in_calls_is_kept_only_when_the_server_runs_no_tools() -> None:
+    """With tools on, the next time the tool cache may hold the call's result (the
+    client posted it, a speculation ran it) and the server would continue."""
+    assert keepable_body(reply("tool_calls"), execute_tools=False)
+    assert not keepable_body(reply("tool_calls"), execute_tools=True)
+    recorder = StreamRecorder()
+    recorder.feed(chunk("", "tool_calls") + SSE_DONE)
+    assert recorder.whole(execute_tools=False) is not None
+    assert recorder.whole(execute_tools=True) is None
 
 
 def chunk(content: str, finish_reason: str | None = None, **extra: Any) -> str:
@@ -150,7 +162,7 @@ def test_a_stream_is_kept_only_when_whole() -> None:
     whole = StreamRecorder()
     for sse in (chunk("he"), chunk("llo"), chunk("", "stop") + SSE_DONE):
         whole.feed(sse)
-    kept = whole.whole()
+    kept = whole.whole(True)
     assert kept is not None and [c["choices"][0]["delta"]["content"] for c in kept] == [
         "he",
         "llo",
@@ -159,18 +171,18 @@ def test_a_stream_is_kept_only_when_whole() -> None:
 
     cut = StreamRecorder()
     cut.feed(chunk("he"))
-    assert cut.whole() is None  # no [DONE]
+    assert cut.whole(True) is None  # no [DONE]
     unfinished = StreamRecorder()
     unfinished.feed(chunk("he") + SSE_DONE)
-    assert unfinished.whole() is None
+    assert unfinished.whole(True) is None
     failed = StreamRecorder()
     failed.feed(chunk("he"))
     failed.feed(sse_event({"error": {"message": "lost"}}) + SSE_DONE)
-    assert failed.whole() is None
+    assert failed.whole(True) is None
     ran_tools = StreamRecorder()
     ran_tools.feed(chunk("", toolserve={"executed_messages": []}))
     ran_tools.feed(chunk("", "stop") + SSE_DONE)
-    assert ran_tools.whole() is None
+    assert ran_tools.whole(True) is None
 
 
 def test_a_kept_reply_is_served_as_the_new_requests_response() -> None:

@@ -1,0 +1,132 @@
+"""Pure: how many prompt-lookup drafts each decoding request may have verified in
+its next step, after the stateful multi-agent inference paper's gating (§3.6):
+the whole window while the request writes a tool call (names, keys and values
+copied from the prompt), a floor in prose that grows with the request's own
+acceptance there (an exponential moving average), and no drafts at all while
+more requests decode together than verification pays for (the concurrency cap:
+each verified draft costs a batch slot's compute whether or not it is accepted)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+CALL = "tool_call"
+PROSE = "prose"
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    window: int
+    """Most drafts a request has verified per step (vLLM's num_speculative_tokens)."""
+    prose_floor: int
+    """Drafts in prose whatever the acceptance."""
+    ema_weight: float
+    """Weight of the newest step in the acceptance average."""
+    initial_acceptance: float
+    """A request's acceptance in prose before its first verified step."""
+    max_decoders: int
+    """Above this many decoding requests, no request gets drafts."""
+
+
+class CallRegions:
+    """Whether each request's output is inside a tool call: its last opening
+    marker (e.g. hermes' `<tool_call>` as token ids) came after its last closing
+    one. Fed each request's new output tokens as they are generated."""
+
+    def __init__(self, opening: Sequence[int], closing: Sequence[int]):
+        self._opening = tuple(opening)
+        self._closing = tuple(closing)
+        self._tail_length = max(len(self._opening), len(self._closing)) - 1
+        self._tails: dict[str, tuple[int, ...]] = {}
+        self._inside: dict[str, bool] = {}
+
+    def feed(self, request_id: str, new_tokens: Sequence[int]) -> bool:
+        """Whether the request is inside a call after these tokens."""
+        tail = self._tails.get(request_id, ())
+        inside = self._inside.get(request_id, False)
+        tokens = tail + tuple(new_tokens)
+        for end in range(len(tail) + 1, len(tokens) + 1):
+            if self._opening and tokens[max(0, end - len(self._opening)) : end] == self._opening:
+                inside = True
+            elif self._closing and tokens[max(0, end - len(self._closing)) : end] == self._closing:
+                inside = False
+        self._tails[request_id] = tokens[max(0, len(tokens) - self._tail_length) :]
+        self._inside[request_id] = inside
+        return inside
+
+    def inside(self, request_id: str) -> bool:
+        return self._inside.get(request_id, False)
+
+    def forget(self, request_id: str) -> None:
+        self._tails.pop(request_id, None)
+        self._inside.pop(request_id, None)
+
+
+@dataclass
+class RegionCounts:
+    steps: int = 0
+    """Request-steps that verified drafts."""
+    drafted: int = 0
+    accepted: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"steps": self.steps, "drafted": self.drafted, "accepted": self.accepted}
+
+
+@dataclass
+class GateStats:
+    """Counts since the last `take_stats`, by region."""
+
+    regions: dict[str, RegionCounts] = field(
+        default_factory=lambda: {CALL: RegionCounts(), PROSE: RegionCounts()}
+    )
+    capped_steps: int = 0
+    """Scheduler steps in which the concurrency cap withheld every draft."""
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "regions": {name: counts.as_dict() for name, counts in self.regions.items()},
+            "capped_steps": self.capped_steps,
+        }
+
+
+class ProposalGate:
+    def __init__(self, settings: GateSettings):
+        self.settings = settings
+        self._acceptance: dict[str, float] = {}
+        self._stats = GateStats()
+
+    def allows_drafts(self, decoders: int) -> bool:
+        """Whether any request gets drafts this step (counted when none does)."""
+        allowed = decoders <= self.settings.max_decoders
+        if not allowed:
+            self._stats.capped_steps += 1
+        return allowed
+
+    def draft_length(self, request_id: str, in_call: bool) -> int:
+        window = self.settings.window
+        if in_call:
+            return window
+        acceptance = self._acceptance.get(request_id, self.settings.initial_acceptance)
+        return max(self.settings.prose_floor, min(window, round(window * acceptance)))
+
+    def observe(self, request_id: str, drafted: int, accepted: int, in_call: bool) -> None:
+        """A verified step: `accepted` of `drafted` drafts were right."""
+        if drafted <= 0:
+            return
+        counts = self._stats.regions[CALL if in_call else PROSE]
+        counts.steps += 1
+        counts.drafted += drafted
+        counts.accepted += accepted
+        if not in_call:
+            weight = self.settings.ema_weight
+            previous = self._acceptance.get(request_id, self.settings.initial_acceptance)
+            self._acceptance[request_id] = (1 - weight) * previous + weight * accepted / drafted
+
+    def forget(self, request_id: str) -> None:
+        self._acceptance.pop(request_id, None)
+
+    def take_stats(self) -> GateStats:
+        stats, self._stats = self._stats, GateStats()
+        return stats
