@@ -232,6 +232,61 @@ class PinningConfig(_Strict):
         return self.mode != "off" or self.program_fcfs
 
 
+class PromptLookupConfig(_Strict):
+    """Prompt-lookup decoding: each step, a decoding request's next tokens are
+    drafted from its own prompt (the n-gram that ends its output, found earlier
+    in it) and verified together; gated per request (toolserve's scheduler)."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Draft and verify with vLLM's n-gram proposer (its speculative "
+        "decoding, `method: ngram`), gated per request as below.",
+    )
+    window: int = Field(
+        default=4,
+        ge=1,
+        le=16,
+        description="Most drafts a request has verified per step (vLLM's "
+        "`num_speculative_tokens`); a request writing a tool call gets all of them.",
+    )
+    min_match: int = Field(default=2, ge=1, description="Shortest n-gram looked up in the prompt.")
+    max_match: int = Field(default=5, ge=1, description="Longest n-gram looked up in the prompt.")
+    prose_floor: int = Field(
+        default=1,
+        ge=0,
+        description="Drafts a request writing prose gets whatever its acceptance; "
+        "above it, the window times its acceptance there.",
+    )
+    ema_weight: float = Field(
+        default=0.3,
+        gt=0,
+        le=1,
+        description="Weight of a verified step in a request's acceptance average.",
+    )
+    initial_acceptance: float = Field(
+        default=0.5, ge=0, le=1, description="A request's acceptance before it has any."
+    )
+    max_decoders: int = Field(
+        default=8,
+        ge=0,
+        description="With more requests decoding at once, none gets drafts: each "
+        "verified draft costs the batch compute whether or not it is accepted.",
+    )
+    call_opening: str = Field(
+        default="<tool_call>",
+        description="Text that opens a tool call in the model's output (hermes).",
+    )
+    call_closing: str = Field(default="</tool_call>", description="Text that closes a tool call.")
+
+    @model_validator(mode="after")
+    def _match_range(self) -> PromptLookupConfig:
+        if self.min_match > self.max_match:
+            raise ValueError("prompt_lookup.min_match exceeds max_match")
+        if self.prose_floor > self.window:
+            raise ValueError("prompt_lookup.prose_floor exceeds window")
+        return self
+
+
 class ModelDeploymentConfig(_Strict):
     """A Ray Serve deployment of model replicas, each running one vLLM engine."""
 
@@ -282,6 +337,10 @@ class ModelDeploymentConfig(_Strict):
         default_factory=PinningConfig,
         description="KV pinning and program-level FCFS in this deployment's engines.",
     )
+    prompt_lookup: PromptLookupConfig = Field(
+        default_factory=PromptLookupConfig,
+        description="Prompt-lookup decoding in this deployment's engines.",
+    )
 
     @property
     def schedules_by_priority(self) -> bool:
@@ -291,14 +350,23 @@ class ModelDeploymentConfig(_Strict):
             return self.pinning.program_fcfs
         return self.engine.extra_engine_args.get("scheduling_policy") == "priority"
 
+    @property
+    def uses_toolserve_scheduler(self) -> bool:
+        return self.pinning.enabled or self.prompt_lookup.enabled
+
     @model_validator(mode="after")
     def _pinning_owns_scheduler(self) -> ModelDeploymentConfig:
         owned = {"scheduler_cls", "scheduling_policy", "additional_config"}
         clashing = sorted(owned & self.engine.extra_engine_args.keys())
-        if self.pinning.enabled and clashing:
+        if self.uses_toolserve_scheduler and clashing:
             raise ValueError(
-                f"pinning sets {clashing} itself; turn pinning off (mode: off, "
-                "program_fcfs: false) to pass them in extra_engine_args"
+                f"pinning and prompt lookup set {clashing} themselves; turn both off "
+                "(pinning mode: off, program_fcfs: false; prompt_lookup enabled: false) "
+                "to pass them in extra_engine_args"
+            )
+        if self.prompt_lookup.enabled and "speculative_config" in self.engine.extra_engine_args:
+            raise ValueError(
+                "prompt_lookup sets speculative_config itself; turn it off to pass one"
             )
         return self
 

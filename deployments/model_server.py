@@ -22,9 +22,11 @@ from cluster.config import ModelDeploymentConfig, ToolsConfig
 from cluster.openai_protocol import LAST_STEP_ARG, ModelToolCall, ToolCallDeltas
 from cluster.store.replicas import EngineState, ReplicaStatus, ReplicaStatusStore
 from deployments.continuation import Continuation, TurnContext, continuation_possible
+from deployments.engine_setup import create_engine_config
 from deployments.errors import ApiError, engine_not_ready
 from deployments.pinning.replica import EnginePinning, tool_called
-from deployments.pinning.settings import EnginePinningSettings, create_engine_config
+from deployments.pinning.settings import EnginePinningSettings
+from deployments.prompt_lookup.replica import export_prompt_lookup_stats
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
@@ -94,6 +96,7 @@ class ModelServer:
             else None
         )
         self._pinning: EnginePinning | None = None
+        self._prompt_lookup_export: asyncio.Task[None] | None = None
         self._tools_config = tools
         self._tools: ToolExecutor | None = None
         if tools is not None and tools.continuation.enabled:
@@ -145,6 +148,7 @@ class ModelServer:
         engine_args, vllm_config = create_engine_config(
             self._deployment.engine.engine_kwargs(self._resolved_model, self._served_model_names),
             self._pinning_settings,
+            self._deployment.prompt_lookup,
             disable_log_stats=False,
         )
         # NOTE: AsyncLLM's constructor blocks until the engine process is up;
@@ -182,6 +186,10 @@ class ModelServer:
             )
             await pinning.start(self._cache_dir, self._profile_fingerprint())
             self._pinning = pinning
+        if self._deployment.prompt_lookup.enabled:
+            self._prompt_lookup_export = asyncio.get_running_loop().create_task(
+                export_prompt_lookup_stats(engine)
+            )
 
     def _profile_fingerprint(self) -> dict[str, Any]:
         engine = self._deployment.engine

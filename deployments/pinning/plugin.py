@@ -1,6 +1,7 @@
 """vLLM general plugin (entry point `vllm.general_plugins`): lets a replica reach
-the pinning scheduler inside the EngineCore process through vLLM's utility calls
-(`engine_core.call_utility_async("toolserve_pinning_control", operation, arguments)`)."""
+toolserve's scheduler inside the EngineCore process through vLLM's utility calls
+(`engine_core.call_utility_async("toolserve_pinning_control", operation, arguments)`,
+`call_utility_async("toolserve_prompt_lookup_stats")`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 UTILITY_METHOD = "toolserve_pinning_control"
+PROMPT_LOOKUP_STATS_METHOD = "toolserve_prompt_lookup_stats"
 
 
 class EngineOperation(StrEnum):
@@ -32,8 +34,17 @@ def _pinning_control(engine_core: Any, operation: str, arguments: list[Any]) -> 
     return control(operation, arguments)
 
 
+def _prompt_lookup_stats(engine_core: Any) -> Any:
+    stats = getattr(engine_core.scheduler, "prompt_lookup_stats", None)
+    if stats is None:
+        raise RuntimeError("this engine does not gate prompt-lookup drafts")
+    return stats()
+
+
 def register() -> None:
     from vllm.v1.engine.core import EngineCore
 
     if not hasattr(EngineCore, UTILITY_METHOD):
         setattr(EngineCore, UTILITY_METHOD, _pinning_control)
+    if not hasattr(EngineCore, PROMPT_LOOKUP_STATS_METHOD):
+        setattr(EngineCore, PROMPT_LOOKUP_STATS_METHOD, _prompt_lookup_stats)

@@ -9,7 +9,6 @@ from pydantic import Field
 from cluster.config import PinningConfig
 
 ADDITIONAL_CONFIG_KEY = "toolserve_pinning"
-_SCHEDULER_MODULE = "deployments.pinning.scheduler"
 
 
 class EnginePinningSettings(PinningConfig):
@@ -35,28 +34,3 @@ class EnginePinningSettings(PinningConfig):
             "scheduling_policy": "priority" if self.program_fcfs else "fcfs",
             "additional_config": {ADDITIONAL_CONFIG_KEY: self.model_dump(mode="json")},
         }
-
-
-def create_engine_config(
-    engine_kwargs: dict[str, Any], pinning: EnginePinningSettings | None, **more: Any
-) -> tuple[Any, Any]:
-    """vLLM's engine arguments and configuration, with the pinning scheduler when pinning is on."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.usage.usage_lib import UsageContext
-
-    pinning_kwargs = pinning.engine_kwargs() if pinning is not None else {}
-    engine_args = AsyncEngineArgs(**engine_kwargs, **pinning_kwargs, **more)
-    vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
-    if pinning is not None:
-        select_scheduler(vllm_config, pinning)
-    return engine_args, vllm_config
-
-
-def select_scheduler(vllm_config: Any, settings: EnginePinningSettings) -> None:
-    """Point the engine at the pinning scheduler matching vLLM's own choice of
-    synchronous or asynchronous scheduling (known only once the config exists)."""
-    if not settings.enabled:
-        return
-    scheduler_config = vllm_config.scheduler_config
-    name = "PinningAsyncScheduler" if scheduler_config.async_scheduling else "PinningScheduler"
-    scheduler_config.scheduler_cls = f"{_SCHEDULER_MODULE}.{name}"

@@ -137,7 +137,7 @@ def test_every_field_is_described(model: type[BaseModel]) -> None:
 
 def test_pinning_owns_the_scheduler_arguments() -> None:
     engine = _engine(extra_engine_args={"scheduling_policy": "priority"})
-    with pytest.raises(ValidationError, match="pinning sets"):
+    with pytest.raises(ValidationError, match="pinning and prompt lookup set"):
         ModelDeploymentConfig(engine=engine)
     off = ModelDeploymentConfig.model_validate(
         {"engine": engine, "pinning": {"mode": "off", "program_fcfs": False}}

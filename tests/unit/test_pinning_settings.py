@@ -1,9 +1,9 @@
 from types import SimpleNamespace
 
+from deployments.engine_setup import select_scheduler
 from deployments.pinning.settings import (
     ADDITIONAL_CONFIG_KEY,
     EnginePinningSettings,
-    select_scheduler,
 )
 
 

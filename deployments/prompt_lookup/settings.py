@@ -1,0 +1,35 @@
+"""What a replica hands its engine about prompt-lookup decoding, and the engine
+arguments for it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cluster.config import PromptLookupConfig
+
+ADDITIONAL_CONFIG_KEY = "toolserve_prompt_lookup"
+
+
+def from_additional_config(additional_config: Any) -> PromptLookupConfig | None:
+    if not isinstance(additional_config, dict):
+        return None
+    raw = additional_config.get(ADDITIONAL_CONFIG_KEY)
+    return None if raw is None else PromptLookupConfig.model_validate(raw)
+
+
+def engine_kwargs(config: PromptLookupConfig) -> dict[str, Any]:
+    """AsyncEngineArgs for vLLM's n-gram drafts (the gate's scheduler is chosen later)."""
+    if not config.enabled:
+        return {}
+    return {
+        # Drafts are gated per request between steps, which vLLM's asynchronous
+        # scheduling (it schedules the next step before drafts exist) rules out.
+        "async_scheduling": False,
+        "speculative_config": {
+            "method": "ngram",
+            "num_speculative_tokens": config.window,
+            "prompt_lookup_min": config.min_match,
+            "prompt_lookup_max": config.max_match,
+        },
+        "additional_config": {ADDITIONAL_CONFIG_KEY: config.model_dump(mode="json")},
+    }

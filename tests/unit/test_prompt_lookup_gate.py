@@ -1,0 +1,109 @@
+"""The prompt-lookup gate (pure): tool-call regions of a token stream, and each
+request's draft length from its region, its acceptance and the batch."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from deployments.prompt_lookup.gate import CALL, PROSE, CallRegions, GateSettings, ProposalGate
+
+OPENING, CLOSING = (7, 8, 9), (7, 9)
+SETTINGS = GateSettings(
+    window=5, prose_floor=1, ema_weight=0.5, initial_acceptance=0.4, max_decoders=4
+)
+
+
+def _inside_at_the_end(tokens: list[int]) -> bool:
+    """The reference: the last opening marker ends after the last closing one."""
+
+    def last_end(marker: tuple[int, ...]) -> int:
+        ends = [
+            end
+            for end in range(len(marker), len(tokens) + 1)
+            if tuple(tokens[end - len(marker) : end]) == marker
+        ]
+        return max(ends, default=-1)
+
+    return last_end(OPENING) > last_end(CLOSING)
+
+
+@given(
+    st.lists(st.sampled_from([1, 7, 8, 9]), max_size=40),
+    st.lists(st.integers(min_value=0, max_value=40), max_size=8),
+)
+def test_a_call_region_does_not_depend_on_how_the_tokens_arrive(
+    tokens: list[int], cuts: list[int]
+) -> None:
+    regions = CallRegions(OPENING, CLOSING)
+    bounds = [0, *sorted(min(cut, len(tokens)) for cut in cuts), len(tokens)]
+    for start, end in itertools.pairwise(bounds):
+        regions.feed("r", tokens[start:end])
+    assert regions.inside("r") == _inside_at_the_end(tokens)
+
+
+def test_regions_are_per_request_and_forgotten() -> None:
+    regions = CallRegions(OPENING, CLOSING)
+    assert regions.feed("a", [1, 7, 8]) is False
+    assert regions.feed("b", [9]) is False
+    assert regions.feed("a", [9, 1, 1]) is True
+    assert regions.feed("a", [7, 9]) is False
+    regions.feed("b", [7, 8, 9])
+    regions.forget("b")
+    assert regions.inside("b") is False
+
+
+def test_a_call_gets_the_window_and_prose_follows_its_own_acceptance() -> None:
+    gate = ProposalGate(SETTINGS)
+    assert gate.draft_length("r", in_call=True) == 5
+    assert gate.draft_length("r", in_call=False) == 2  # round(5 * 0.4)
+    for _ in range(6):
+        gate.observe("r", drafted=2, accepted=0, in_call=False)
+    assert gate.draft_length("r", in_call=False) == SETTINGS.prose_floor
+    assert gate.draft_length("r", in_call=True) == 5, "a call's window does not shrink"
+    for _ in range(6):
+        gate.observe("r", drafted=1, accepted=1, in_call=False)
+    assert gate.draft_length("r", in_call=False) == 5
+    assert gate.draft_length("other", in_call=False) == 2
+    gate.forget("r")
+    assert gate.draft_length("r", in_call=False) == 2
+
+
+def test_acceptance_in_calls_does_not_lengthen_prose_drafts() -> None:
+    gate = ProposalGate(SETTINGS)
+    for _ in range(10):
+        gate.observe("r", drafted=5, accepted=5, in_call=True)
+    assert gate.draft_length("r", in_call=False) == 2
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5), st.booleans()), max_size=30))
+def test_the_draft_length_stays_between_the_floor_and_the_window(
+    steps: list[tuple[int, int, bool]],
+) -> None:
+    gate = ProposalGate(SETTINGS)
+    for drafted, accepted, in_call in steps:
+        gate.observe("r", drafted, min(accepted, drafted), in_call)
+        length = gate.draft_length("r", in_call=False)
+        assert SETTINGS.prose_floor <= length <= SETTINGS.window
+
+
+def test_past_the_concurrency_cap_no_request_gets_drafts_and_the_step_is_counted() -> None:
+    gate = ProposalGate(SETTINGS)
+    assert gate.allows_drafts(4)
+    assert not gate.allows_drafts(5)
+    assert gate.take_stats().capped_steps == 1
+
+
+def test_stats_count_drafts_and_acceptance_by_region_until_taken() -> None:
+    gate = ProposalGate(SETTINGS)
+    gate.observe("a", drafted=5, accepted=4, in_call=True)
+    gate.observe("b", drafted=2, accepted=0, in_call=False)
+    gate.observe("b", drafted=0, accepted=0, in_call=False)  # nothing verified
+    stats = gate.take_stats().as_dict()
+    assert stats["regions"] == {
+        CALL: {"steps": 1, "drafted": 5, "accepted": 4},
+        PROSE: {"steps": 1, "drafted": 2, "accepted": 0},
+    }
+    assert gate.take_stats().regions[CALL].steps == 0
