@@ -335,8 +335,9 @@ def _hot_path(summary: dict[str, Any]) -> list[str]:
         "## Hot path",
         "",
         "Each figure's mean over the rounds (latencies in ms at p50 and p99 of each phase: "
-        "`sequential` one at a time, `cN` with N in flight, `streamed` one at a time, `repeated` one question again and again; "
-        "`ttft` the streamed phase's first token; requests/s of the concurrent phases; CPU "
+        "`sequential` one at a time, `cN` with N in flight, `streamed` one at a time, "
+        "`repeated` one question again and again; `ttft` the streamed phase's first token; "
+        "requests/s of the concurrent phases; CPU "
         "ms per request of the serving processes and of the engine).",
         "",
         "| figure | " + " | ".join(systems) + " |",

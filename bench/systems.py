@@ -42,7 +42,12 @@ _STOP_GRACE_S = 90.0
 ABLATIONS: dict[str, dict[str, Any]] = {
     "pinning": {"main.pinning.mode": "off"},
     "fcfs": {"main.pinning.program_fcfs": False},
+    "response-cache": {"server.response_cache.enabled": False},
+    "prompt-lookup": {"main.prompt_lookup.enabled": False},
 }
+# The ablations a default-size run includes: the mechanisms the agent workloads
+# exercise on every turn (the others run when named).
+DEFAULT_ABLATIONS = ("pinning", "fcfs")
 # toolserve with a mechanism replaced by a published baseline's version of it.
 VARIANTS: dict[str, dict[str, Any]] = {
     # Continuum's static-TTL baseline: every pin lasts 2 s, whatever the tool.
@@ -408,7 +413,7 @@ def default_systems(size: str) -> tuple[str, ...]:
         return BASELINE_SYSTEMS
     return (
         BASELINE_SYSTEMS
-        + tuple(f"toolserve-no-{mechanism}" for mechanism in ABLATIONS)
+        + tuple(f"toolserve-no-{mechanism}" for mechanism in DEFAULT_ABLATIONS)
         + tuple(VARIANTS)
     )
 
