@@ -28,7 +28,7 @@ class PromptLookupGateMixin:
         super().__init__(*args, **kwargs)
         from vllm.tokenizers import cached_tokenizer_from_config
 
-        base: Scheduler = self  # type: ignore[assignment]
+        base: Scheduler = self
         config = from_additional_config(base.vllm_config.additional_config)
         if config is None:
             raise ValueError("the gated scheduler needs its settings in additional_config")
@@ -51,7 +51,7 @@ class PromptLookupGateMixin:
 
     def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
         super().update_draft_token_ids(draft_token_ids)  # type: ignore[misc]
-        base: Scheduler = self  # type: ignore[assignment]
+        base: Scheduler = self
         allowed = self._gate.allows_drafts(len(base.running))
         for request_id in draft_token_ids.req_ids:
             request = base.requests.get(request_id)
