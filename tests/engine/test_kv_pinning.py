@@ -102,7 +102,8 @@ def event_loop_runner() -> Iterator[asyncio.AbstractEventLoop]:
     pending = asyncio.all_tasks(loop)
     for task in pending:
         task.cancel()
-    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    if pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     loop.close()
 
 
