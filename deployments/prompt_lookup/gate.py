@@ -32,7 +32,10 @@ class GateSettings:
 class CallRegions:
     """Whether each request's output is inside a tool call: its last opening
     marker (e.g. hermes' `<tool_call>` as token ids) came after its last closing
-    one. Fed each request's new output tokens as they are generated."""
+    one. Where both end at one token, the closing one wins: the opening may be
+    given without its first token (which merges with the text before it), and
+    is then a suffix of the closing marker. Fed each request's new output tokens
+    as they are generated."""
 
     def __init__(self, opening: Sequence[int], closing: Sequence[int]):
         self._opening = tuple(opening)
@@ -47,10 +50,10 @@ class CallRegions:
         inside = self._inside.get(request_id, False)
         tokens = tail + tuple(new_tokens)
         for end in range(len(tail) + 1, len(tokens) + 1):
-            if self._opening and tokens[max(0, end - len(self._opening)) : end] == self._opening:
-                inside = True
-            elif self._closing and tokens[max(0, end - len(self._closing)) : end] == self._closing:
+            if self._closing and tokens[max(0, end - len(self._closing)) : end] == self._closing:
                 inside = False
+            elif self._opening and tokens[max(0, end - len(self._opening)) : end] == self._opening:
+                inside = True
         self._tails[request_id] = tokens[max(0, len(tokens) - self._tail_length) :]
         self._inside[request_id] = inside
         return inside

@@ -16,9 +16,10 @@ from deployments.prompt_lookup.gate import CallRegions, GateSettings, ProposalGa
 from deployments.prompt_lookup.settings import from_additional_config
 
 
-def marker_tokens(tokenizer: Any, marker: str) -> list[int]:
-    """A marker's token ids as they appear inside a reply: without the first,
-    which may merge with the text before it."""
+def opening_tokens(tokenizer: Any, marker: str) -> list[int]:
+    """The opening marker's token ids as they appear inside a reply: without the
+    first, which merges with the text before it (`<tool_call>` after a period is
+    `.<` `tool` `_` `call` `>`). The closing marker (`</` ...) is matched whole."""
     ids: list[int] = tokenizer.encode(marker, add_special_tokens=False)
     return ids[1:] if len(ids) > 2 else ids
 
@@ -43,8 +44,8 @@ class PromptLookupGateMixin:
         )
         tokenizer = cached_tokenizer_from_config(base.vllm_config.model_config)
         self._regions = CallRegions(
-            marker_tokens(tokenizer, config.call_opening),
-            marker_tokens(tokenizer, config.call_closing),
+            opening_tokens(tokenizer, config.call_opening),
+            tokenizer.encode(config.call_closing, add_special_tokens=False),
         )
         self._regions_read: dict[str, int] = {}
         self._granted_in_call: dict[str, bool] = {}

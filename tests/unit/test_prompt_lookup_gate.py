@@ -7,27 +7,32 @@ import itertools
 
 from hypothesis import given
 from hypothesis import strategies as st
+from transformers import AutoTokenizer
 
+from cluster.config import PromptLookupConfig, load_config
+from cluster.models import EMBEDDED_SCHEME, SMOLLM2, resolve_model
 from deployments.prompt_lookup.gate import CALL, PROSE, CallRegions, GateSettings, ProposalGate
+from deployments.prompt_lookup.scheduler import opening_tokens
 
-OPENING, CLOSING = (7, 8, 9), (7, 9)
+OPENING, CLOSING = (8, 9), (7, 8, 9)  # as `tool_call>` and `</tool_call>`
 SETTINGS = GateSettings(
     window=5, prose_floor=1, ema_weight=0.5, initial_acceptance=0.4, max_decoders=4
 )
 
 
 def _inside_at_the_end(tokens: list[int]) -> bool:
-    """The reference: the last opening marker ends after the last closing one."""
+    """The reference: the last marker to end is an opening one that is not the
+    end of a closing one."""
 
-    def last_end(marker: tuple[int, ...]) -> int:
-        ends = [
-            end
-            for end in range(len(marker), len(tokens) + 1)
-            if tuple(tokens[end - len(marker) : end]) == marker
-        ]
-        return max(ends, default=-1)
+    def ends_with(end: int, marker: tuple[int, ...]) -> bool:
+        return end >= len(marker) and tuple(tokens[end - len(marker) : end]) == marker
 
-    return last_end(OPENING) > last_end(CLOSING)
+    for end in range(len(tokens), 0, -1):
+        if ends_with(end, CLOSING):
+            return False
+        if ends_with(end, OPENING):
+            return True
+    return False
 
 
 @given(
@@ -46,11 +51,12 @@ def test_a_call_region_does_not_depend_on_how_the_tokens_arrive(
 
 def test_regions_are_per_request_and_forgotten() -> None:
     regions = CallRegions(OPENING, CLOSING)
-    assert regions.feed("a", [1, 7, 8]) is False
+    assert regions.feed("a", [1, 6, 8]) is False
     assert regions.feed("b", [9]) is False
-    assert regions.feed("a", [9, 1, 1]) is True
-    assert regions.feed("a", [7, 9]) is False
-    regions.feed("b", [7, 8, 9])
+    assert regions.feed("a", [9, 1, 1]) is True  # `.<` `tool_call>`: opened
+    assert regions.feed("a", [7, 8]) is True
+    assert regions.feed("a", [9]) is False  # `</tool_call>`: closed, not opened
+    regions.feed("b", [5, 8, 9])
     regions.forget("b")
     assert regions.inside("b") is False
 
@@ -107,3 +113,29 @@ def test_stats_count_drafts_and_acceptance_by_region_until_taken() -> None:
         PROSE: {"steps": 1, "drafted": 2, "accepted": 0},
     }
     assert gate.take_stats().regions[CALL].steps == 0
+
+
+def test_smollm2s_hermes_calls_are_found_in_its_token_stream_token_by_token() -> None:
+    tokenizer = AutoTokenizer.from_pretrained(
+        resolve_model(EMBEDDED_SCHEME + SMOLLM2, load_config().cache_dir)
+    )
+    markers = PromptLookupConfig()
+    regions = CallRegions(
+        opening_tokens(tokenizer, markers.call_opening),
+        tokenizer.encode(markers.call_closing, add_special_tokens=False),
+    )
+    reply = 'I will look.<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call> Done.'
+    seen, states = "", []
+    for token in tokenizer.encode(reply, add_special_tokens=False):
+        inside = regions.feed("r", [token])
+        seen += tokenizer.decode([token])
+        states.append((seen, inside))
+
+    def inside_once_written(text: str) -> bool:
+        return next(inside for prefix, inside in states if text in prefix)
+
+    assert inside_once_written("I will look") is False
+    assert inside_once_written("<tool_call>") is True
+    assert inside_once_written('"name": "ls"') is True
+    assert inside_once_written("</tool_call>") is False
+    assert inside_once_written("Done.") is False
