@@ -18,6 +18,18 @@ UNREACHABLE = (RedisError, OSError)
 
 Result = TypeVar("Result")
 
+EVICT_PAST_BOUND_LUA = """
+local function evict_past_bound(index, bound, entry_prefix)
+  local excess = redis.call('ZCARD', index) - tonumber(bound)
+  if excess > 0 then
+    local evicted = redis.call('ZPOPMIN', index, excess)
+    for i = 1, #evicted, 2 do redis.call('DEL', entry_prefix .. evicted[i]) end
+  end
+end
+"""
+"""A Lua function for store scripts: the lowest-scored members of a sorted-set
+index past `bound` leave it, and their entries (`entry_prefix` + member) go."""
+
 
 def async_client(url: str, socket_timeout_s: float = SOCKET_TIMEOUT_S) -> aioredis.Redis:
     """A client for one event loop: the loop that first uses it."""

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from cluster.store._redis import async_client, or_fallback
+from cluster.store._redis import EVICT_PAST_BOUND_LUA, async_client, or_fallback
 
 _ENTRY_PREFIX = "toolserve:response-cache:entry:"
 _INDEX = "toolserve:response-cache:index"
@@ -30,19 +30,18 @@ return stored
 # Stores an entry; past the bound the least recently used go, and index members
 # whose entry expired (unused for the whole TTL) are dropped first. The index
 # itself expires with its most recently used entry.
-_STORE_REPLY = """
+_STORE_REPLY = (
+    EVICT_PAST_BOUND_LUA
+    + """
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 local now = tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[2]))
 redis.call('ZADD', KEYS[2], now, ARGV[4])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
-local excess = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[5])
-if excess > 0 then
-  local evicted = redis.call('ZPOPMIN', KEYS[2], excess)
-  for i = 1, #evicted, 2 do redis.call('DEL', ARGV[6] .. evicted[i]) end
-end
+evict_past_bound(KEYS[2], ARGV[5], ARGV[6])
 return 1
 """
+)
 
 
 @dataclass(frozen=True)

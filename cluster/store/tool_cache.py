@@ -8,7 +8,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from cluster.store._redis import async_client, or_fallback, text
+from cluster.store._redis import EVICT_PAST_BOUND_LUA, async_client, or_fallback, text
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,9 @@ return {state, redis.call('HGET', KEYS[1], 'output') or '',
 # for an executor's result, another executor now holds the key. A client-posted
 # result (empty token) always wins: the client ran its own tool. The index keeps
 # every entry by expiry so the soonest to expire are evicted past the bound.
-_COMPLETE_TOOL_CALL = """
+_COMPLETE_TOOL_CALL = (
+    EVICT_PAST_BOUND_LUA
+    + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if ARGV[1] ~= '' then
   if state == 'done' then return 0 end
@@ -65,13 +67,10 @@ redis.call('PEXPIRE', KEYS[1], ARGV[5])
 local now = tonumber(ARGV[6])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), ARGV[8])
-local excess = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[7])
-if excess > 0 then
-  local evicted = redis.call('ZPOPMIN', KEYS[2], excess)
-  for i = 1, #evicted, 2 do redis.call('DEL', ARGV[9] .. evicted[i]) end
-end
+evict_past_bound(KEYS[2], ARGV[7], ARGV[9])
 return 1
 """
+)
 
 
 class ToolCache:

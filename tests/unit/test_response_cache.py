@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
+import redis
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -29,6 +32,15 @@ REQUEST: dict[str, Any] = {
     "max_tokens": 16,
 }
 POLICY = ResponseCachePolicy("deployment-a")
+
+
+@pytest.fixture()
+def cache_url(redis_url: str) -> Iterator[str]:
+    """A database of its own: the bound test evicts by the cache's one index."""
+    url = f"{redis_url.rpartition('/')[0]}/11"
+    redis.Redis.from_url(url).flushdb()
+    yield url
+    redis.Redis.from_url(url).flushdb()
 
 
 def key(body: dict[str, Any], tenant: str = "t", session: str | None = None) -> str:
@@ -196,12 +208,12 @@ def test_a_kept_reply_is_served_as_the_new_requests_response() -> None:
 
 
 def test_the_store_answers_the_same_request_and_guards_against_a_collision(
-    redis_url: str,
+    cache_url: str,
 ) -> None:
     digest = f"test-{uuid.uuid4().hex}"
 
     async def scenario() -> list[StoredReply | None]:
-        cache = ResponseCache(redis_url, max_entries=10_000, ttl_s=60, max_entry_bytes=1 << 20)
+        cache = ResponseCache(cache_url, max_entries=10_000, ttl_s=60, max_entry_bytes=1 << 20)
         seen = [await cache.lookup(digest, 10)]
         assert await cache.store(digest, StoredReply(10, False, reply()))
         seen += [await cache.lookup(digest, 10), await cache.lookup(digest, 11)]
@@ -213,12 +225,12 @@ def test_the_store_answers_the_same_request_and_guards_against_a_collision(
     assert found == StoredReply(10, False, reply())
 
 
-def test_a_stream_round_trips_through_the_store(redis_url: str) -> None:
+def test_a_stream_round_trips_through_the_store(cache_url: str) -> None:
     digest = f"test-{uuid.uuid4().hex}"
     chunks = tuple(json.loads(sse[6:]) for sse in (chunk("a"), chunk("b", "stop")))
 
     async def scenario() -> StoredReply | None:
-        cache = ResponseCache(redis_url, max_entries=10_000, ttl_s=60, max_entry_bytes=1 << 20)
+        cache = ResponseCache(cache_url, max_entries=10_000, ttl_s=60, max_entry_bytes=1 << 20)
         await cache.store(digest, StoredReply(5, True, None, chunks))
         found = await cache.lookup(digest, 5)
         await cache.close()
@@ -227,11 +239,11 @@ def test_a_stream_round_trips_through_the_store(redis_url: str) -> None:
     assert asyncio.run(scenario()) == StoredReply(5, True, None, chunks)
 
 
-def test_the_least_recently_used_reply_goes_first_past_the_bound(redis_url: str) -> None:
+def test_the_least_recently_used_reply_goes_first_past_the_bound(cache_url: str) -> None:
     digests = [f"test-{uuid.uuid4().hex}" for _ in range(3)]
 
     async def scenario() -> list[bool]:
-        cache = ResponseCache(redis_url, max_entries=2, ttl_s=60, max_entry_bytes=1 << 20)
+        cache = ResponseCache(cache_url, max_entries=2, ttl_s=60, max_entry_bytes=1 << 20)
         await cache.store(digests[0], StoredReply(1, False, reply()))
         await asyncio.sleep(0.01)
         await cache.store(digests[1], StoredReply(1, False, reply()))
@@ -246,12 +258,12 @@ def test_the_least_recently_used_reply_goes_first_past_the_bound(redis_url: str)
     assert asyncio.run(scenario()) == [True, False, True]
 
 
-def test_an_oversized_reply_is_not_kept(redis_url: str) -> None:
+def test_an_oversized_reply_is_not_kept(cache_url: str) -> None:
     digest = f"test-{uuid.uuid4().hex}"
     large = reply(padding="x" * 2048)
 
     async def scenario() -> tuple[bool, StoredReply | None]:
-        cache = ResponseCache(redis_url, max_entries=10_000, ttl_s=60, max_entry_bytes=1024)
+        cache = ResponseCache(cache_url, max_entries=10_000, ttl_s=60, max_entry_bytes=1024)
         kept = await cache.store(digest, StoredReply(1, False, large))
         found = await cache.lookup(digest, 1)
         await cache.close()
