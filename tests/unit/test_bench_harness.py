@@ -79,9 +79,21 @@ def test_each_ablation_turns_off_one_mechanism_and_keeps_the_other() -> None:
     assert pinning("toolserve-no-pinning")[:2] == ("off", True)
     assert pinning("toolserve-no-fcfs")[:2] == ("cost_model", False)
     assert pinning("toolserve-fixed-ttl") == ("fixed", True, 2.0)
+
+    def engine_mechanisms(name: str) -> tuple[bool, bool]:
+        raw = toolserve_config(settings, base, catalog[name].overrides, 1, 2)
+        config = ToolserveConfig.model_validate(raw)
+        return config.server.response_cache.enabled, config.main.prompt_lookup.enabled
+
+    assert engine_mechanisms("toolserve") == (True, True)
+    assert engine_mechanisms("toolserve-no-response-cache") == (False, True)
+    assert engine_mechanisms("toolserve-no-prompt-lookup") == (True, False)
+    assert pinning("toolserve-no-prompt-lookup") == pinning("toolserve")
     assert {f"toolserve-no-{name}" for name in ABLATIONS} == {
         "toolserve-no-pinning",
         "toolserve-no-fcfs",
+        "toolserve-no-response-cache",
+        "toolserve-no-prompt-lookup",
     }
 
 
