@@ -114,24 +114,22 @@ async def run_hot_path(
     )
     next_index = 0
 
-    async def complete() -> tuple[int, int, float | None]:
-        nonlocal next_index
-        next_index += 1
+    async def completion(
+        messages: list[ChatCompletionMessageParam], max_tokens: int
+    ) -> tuple[int, int, float | None]:
         reply = await client.chat.completions.create(
-            model=model, messages=_messages(next_index), max_tokens=1, temperature=0.0
+            model=model, messages=messages, max_tokens=max_tokens, temperature=0.0
         )
         usage = reply.usage
         return (usage.prompt_tokens, usage.completion_tokens, None) if usage else (0, 0, None)
 
+    async def complete() -> tuple[int, int, float | None]:
+        nonlocal next_index
+        next_index += 1
+        return await completion(_messages(next_index), 1)
+
     async def ask_again() -> tuple[int, int, float | None]:
-        reply = await client.chat.completions.create(
-            model=model,
-            messages=_REPEATED_QUESTION,
-            max_tokens=config.repeated_max_tokens,
-            temperature=0.0,
-        )
-        usage = reply.usage
-        return (usage.prompt_tokens, usage.completion_tokens, None) if usage else (0, 0, None)
+        return await completion(_REPEATED_QUESTION, config.repeated_max_tokens)
 
     async def stream() -> tuple[int, int, float | None]:
         nonlocal next_index

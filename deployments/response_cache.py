@@ -64,8 +64,8 @@ class ResponseCachePolicy:
         cache_control: str | None = None,
     ) -> CacheableRequest | None:
         """`body`: the request as validated, without toolserve's options and hints."""
-        seeded = body.get("seed") is not None
-        if not (greedy(body) or seeded or self._seed_sampled_requests):
+        deterministic = greedy(body) or body.get("seed") is not None
+        if not (deterministic or self._seed_sampled_requests):
             return None
         directives = {part.strip().lower() for part in (cache_control or "").split(",")}
         serve_kept, keep = "no-cache" not in directives, "no-store" not in directives
@@ -78,7 +78,7 @@ class ResponseCachePolicy:
         )
         scope = json.dumps([self._namespace, tenant, session or ""])
         digest = hashlib.sha256(f"{scope}\n{canonical}".encode()).hexdigest()
-        derived_seed = None if greedy(body) or seeded else int(digest[:8], 16) % (1 << SEED_BITS)
+        derived_seed = None if deterministic else int(digest[:8], 16) % (1 << SEED_BITS)
         return CacheableRequest(
             digest, len(canonical), execute_tools, derived_seed, serve_kept, keep
         )
