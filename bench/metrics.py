@@ -322,3 +322,59 @@ def engine_work(before_text: str, after_text: str) -> dict[str, float | None]:
     if not after:
         return dict.fromkeys(ENGINE_COUNTERS)
     return {figure: after.get(figure, 0.0) - before.get(figure, 0.0) for figure in ENGINE_COUNTERS}
+
+
+# toolserve's chat front end (its own counters; other systems report none):
+# figure -> (counter, label, label value).
+FRONT_END_COUNTERS: dict[str, tuple[str, str, str]] = {
+    "render_cpu_s": ("toolserve_prompt_cpu_seconds", "stage", "render"),
+    "tokenize_cpu_s": ("toolserve_prompt_cpu_seconds", "stage", "tokenize"),
+    "prompts_rendered": ("toolserve_prompts_prepared", "stage", "render"),
+    "prompts_tokenized": ("toolserve_prompts_prepared", "stage", "tokenize"),
+    "tokens_from_tokenize_cache": ("toolserve_tokenize_cache_tokens", "source", "cached"),
+    "tokens_tokenized": ("toolserve_tokenize_cache_tokens", "source", "tokenized"),
+}
+FRONT_END_FIGURES = (
+    "render_cpu_ms_per_prompt",
+    "tokenize_cpu_ms_per_prompt",
+    "tokenize_cache_token_share",
+)
+
+
+def _front_end_counters(metrics_text: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    figures: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(metrics_text):
+            for sample in family.samples:
+                for figure, (counter, label, value) in FRONT_END_COUNTERS.items():
+                    if sample.name in (f"{counter}_total", f"ray_{counter}_total") and (
+                        sample.labels.get(label) == value
+                    ):
+                        figures[figure] = figures.get(figure, 0.0) + sample.value
+    except ValueError:
+        return {}
+    return figures
+
+
+def front_end_work(before_text: str, after_text: str) -> dict[str, float | None]:
+    """CPU per prompt of each stage of toolserve's chat front end between two
+    scrapes, and the share of prompt tokens whose ids the tokenize cache held;
+    None where the system reports no such counters."""
+    before, after = _front_end_counters(before_text), _front_end_counters(after_text)
+    done = {
+        figure: after.get(figure, 0.0) - before.get(figure, 0.0) for figure in FRONT_END_COUNTERS
+    }
+    per_prompt_ms = {
+        stage: 1000 * done[f"{stage}_cpu_s"] / prompts if (prompts := done[count]) else None
+        for stage, count in (("render", "prompts_rendered"), ("tokenize", "prompts_tokenized"))
+    }
+    return {
+        "render_cpu_ms_per_prompt": per_prompt_ms["render"],
+        "tokenize_cpu_ms_per_prompt": per_prompt_ms["tokenize"],
+        "tokenize_cache_token_share": _rate(
+            done["tokens_from_tokenize_cache"],
+            done["tokens_from_tokenize_cache"] + done["tokens_tokenized"],
+        ),
+    }

@@ -399,6 +399,42 @@ def _work(summary: dict[str, Any]) -> list[str]:
             f"| {cell(work, 'preemptions', 1)} | {cell(work, 'cpu_total_s')} "
             f"| {cell(work, 'cpu_engine_s')} |"
         )
+    return [*lines, "", *_front_end(rows)]
+
+
+def _front_end(rows: dict[str, dict[str, Any]]) -> list[str]:
+    measured = {
+        name: work
+        for name, work in rows.items()
+        if work.get("tokenize_cpu_ms_per_prompt", {}).get("mean") is not None
+    }
+    if not measured:
+        return []
+
+    def cell(work: dict[str, Any], name: str) -> str:
+        figure = work.get(name, {})
+        per_round = ", ".join(_format(value, "", 2) for value in figure.get("per_round", []))
+        return f"{_format(figure.get('mean'), '', 2)} ({per_round})"
+
+    lines = [
+        "## Prompt preparation (toolserve's chat front end)",
+        "",
+        "CPU time of the replica's chat front end per prompt, by stage, from toolserve's "
+        "`toolserve_prompt_cpu_seconds` and `toolserve_prompts_prepared` (the thread time "
+        "of each render and tokenization); the share of prompt tokens whose ids the "
+        "tokenize cache held (`toolserve_tokenize_cache_tokens`). Mean over rounds, each "
+        "round's in brackets. Other systems do not report it.",
+        "",
+        "| system | render CPU ms per prompt | tokenize CPU ms per prompt "
+        "| prompt tokens from the tokenize cache |",
+        "|---|---|---|---|",
+    ]
+    for name, work in measured.items():
+        share = work.get("tokenize_cache_token_share", {}).get("mean")
+        lines.append(
+            f"| {name} | {cell(work, 'render_cpu_ms_per_prompt')} "
+            f"| {cell(work, 'tokenize_cpu_ms_per_prompt')} | {_percent(share)} |"
+        )
     return [*lines, ""]
 
 

@@ -20,8 +20,10 @@ from bench.hot_path import run_hot_path
 from bench.metrics import (
     BASELINE,
     ENGINE_COUNTERS,
+    FRONT_END_FIGURES,
     RATE_NAMES,
     engine_work,
+    front_end_work,
     jct_without_client_stalls,
     kv_cache_size_tokens,
     mean_jct_by_program,
@@ -365,7 +367,8 @@ def _run_arm(
         wall_s=result.wall_s,
         startup_s=startup,
         rates=reported_rates(metrics_after, returning_turns),
-        work=engine_work(metrics_before, metrics_after),
+        work=engine_work(metrics_before, metrics_after)
+        | front_end_work(metrics_before, metrics_after),
         cpu=cpu_use,
         kv_cache_tokens=kv_cache_size_tokens(metrics_after),
         run_figures=run_figures,
@@ -425,10 +428,10 @@ def _by_round(
 
 
 def _work(arm: ArmRuns) -> dict[str, Any]:
-    """Engine counters and CPU seconds."""
+    """Engine counters, CPU seconds and the chat front end's CPU per prompt."""
     return _by_round(
         arm,
-        [*ENGINE_COUNTERS, "cpu_total_s", "cpu_engine_s"],
+        [*ENGINE_COUNTERS, "cpu_total_s", "cpu_engine_s", *FRONT_END_FIGURES],
         lambda run: run.work | run.cpu.as_json(),
     )
 

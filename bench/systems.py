@@ -44,6 +44,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "fcfs": {"main.pinning.program_fcfs": False},
     "response-cache": {"server.response_cache.enabled": False},
     "prompt-lookup": {"main.prompt_lookup.enabled": False},
+    "tokenize-cache": {"main.chat.tokenize_cache.enabled": False},
 }
 # The ablations a default-size run includes: the mechanisms the agent workloads
 # exercise on every turn (the others run when named).

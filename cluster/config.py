@@ -133,6 +133,35 @@ class EngineConfig(_Strict):
         return kwargs | self.extra_engine_args
 
 
+class TokenizeCacheConfig(_Strict):
+    """Tokenizing only what a turn adds to its program's last prompt."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Keep the token ids of each prompt up to its last turn marker (a "
+        "special token such as `<|im_start|>`) and, when a later prompt extends that "
+        "text, tokenize only the rest. The ids equal a full tokenization's: prompts "
+        "are only split where a special token starts.",
+    )
+    max_cached_tokens: int = Field(
+        default=2_000_000,
+        ge=1,
+        description="Most token ids one replica keeps (about 4 bytes each, plus the "
+        "prompt text); the least recently used prompt goes first.",
+    )
+    audit_first: int = Field(
+        default=8,
+        ge=0,
+        description="The first joined tokenizations are checked against a full one; a "
+        "mismatch turns the cache off for the replica's life (and is counted).",
+    )
+    audit_every: int = Field(
+        default=100,
+        ge=0,
+        description="After those, one joined tokenization in this many is checked (0: none).",
+    )
+
+
 class ChatConfig(_Strict):
     """How the OpenAI chat front end of a model replica renders and parses."""
 
@@ -152,6 +181,10 @@ class ChatConfig(_Strict):
         description="vLLM's floor for constrained tool calls. `parameter` makes "
         "`tool_choice` required/named produce schema-valid arguments even from "
         "small models.",
+    )
+    tokenize_cache: TokenizeCacheConfig = Field(
+        default_factory=TokenizeCacheConfig,
+        description="Tokenizing only the part of a prompt its program's last prompt lacks.",
     )
 
     def resolved_chat_template(self) -> str | None:

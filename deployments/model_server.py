@@ -26,6 +26,7 @@ from deployments.engine_setup import create_engine_config
 from deployments.errors import ApiError, engine_not_ready
 from deployments.pinning.replica import EnginePinning, tool_called
 from deployments.pinning.settings import EnginePinningSettings
+from deployments.prompt_cache.frontend import install_prompt_preparation
 from deployments.prompt_lookup.replica import export_prompt_lookup_stats
 
 if TYPE_CHECKING:
@@ -161,6 +162,7 @@ class ModelServer:
         )
         self._engine = engine
         chat = self._deployment.chat
+        install_prompt_preparation(engine.renderer, chat.tokenize_cache)
         frontend = FrontendArgs(
             chat_template=chat.resolved_chat_template(),
             enable_auto_tool_choice=True,

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from bench.cpu import ProcessTreeCpu
-from bench.metrics import engine_counters, engine_work
+from bench.metrics import engine_counters, engine_work, front_end_work
 from bench.provenance import DirtyTreeError, code_state, note_code_state, start_provenance
 from bench.runner import arm_setup, comparison_pairs, parse_system
 from bench.systems import (
@@ -80,20 +80,27 @@ def test_each_ablation_turns_off_one_mechanism_and_keeps_the_other() -> None:
     assert pinning("toolserve-no-fcfs")[:2] == ("cost_model", False)
     assert pinning("toolserve-fixed-ttl") == ("fixed", True, 2.0)
 
-    def engine_mechanisms(name: str) -> tuple[bool, bool]:
+    def engine_mechanisms(name: str) -> tuple[bool, bool, bool]:
         raw = toolserve_config(settings, base, catalog[name].overrides, 1, 2)
         config = ToolserveConfig.model_validate(raw)
-        return config.server.response_cache.enabled, config.main.prompt_lookup.enabled
+        return (
+            config.server.response_cache.enabled,
+            config.main.prompt_lookup.enabled,
+            config.main.chat.tokenize_cache.enabled,
+        )
 
-    assert engine_mechanisms("toolserve") == (True, True)
-    assert engine_mechanisms("toolserve-no-response-cache") == (False, True)
-    assert engine_mechanisms("toolserve-no-prompt-lookup") == (True, False)
+    assert engine_mechanisms("toolserve") == (True, True, True)
+    assert engine_mechanisms("toolserve-no-response-cache") == (False, True, True)
+    assert engine_mechanisms("toolserve-no-prompt-lookup") == (True, False, True)
+    assert engine_mechanisms("toolserve-no-tokenize-cache") == (True, True, False)
     assert pinning("toolserve-no-prompt-lookup") == pinning("toolserve")
+    assert pinning("toolserve-no-tokenize-cache") == pinning("toolserve")
     assert {f"toolserve-no-{name}" for name in ABLATIONS} == {
         "toolserve-no-pinning",
         "toolserve-no-fcfs",
         "toolserve-no-response-cache",
         "toolserve-no-prompt-lookup",
+        "toolserve-no-tokenize-cache",
     }
 
 
@@ -147,6 +154,36 @@ def test_ray_exported_counters_sum_over_replicas_and_skip_histograms() -> None:
     work = engine_work("", RAY_AFTER)
     assert work["prompt_tokens"] == 1000.0 and work["generation_tokens"] == 0.0
     assert engine_work("", "") == dict.fromkeys(work)
+
+
+TOOLSERVE_FRONT_END_BEFORE = """\
+# TYPE ray_toolserve_prompt_cpu_seconds_total counter
+ray_toolserve_prompt_cpu_seconds_total{ReplicaId="a",stage="render"} 1.0
+ray_toolserve_prompt_cpu_seconds_total{ReplicaId="a",stage="tokenize"} 2.0
+# TYPE ray_toolserve_prompts_prepared_total counter
+ray_toolserve_prompts_prepared_total{ReplicaId="a",stage="render"} 10.0
+ray_toolserve_prompts_prepared_total{ReplicaId="a",stage="tokenize"} 10.0
+"""
+TOOLSERVE_FRONT_END_AFTER = """\
+# TYPE ray_toolserve_prompt_cpu_seconds_total counter
+ray_toolserve_prompt_cpu_seconds_total{ReplicaId="a",stage="render"} 1.5
+ray_toolserve_prompt_cpu_seconds_total{ReplicaId="a",stage="tokenize"} 2.25
+ray_toolserve_prompt_cpu_seconds_total{ReplicaId="b",stage="tokenize"} 0.25
+# TYPE ray_toolserve_prompts_prepared_total counter
+ray_toolserve_prompts_prepared_total{ReplicaId="a",stage="render"} 110.0
+ray_toolserve_prompts_prepared_total{ReplicaId="a",stage="tokenize"} 110.0
+# TYPE ray_toolserve_tokenize_cache_tokens_total counter
+ray_toolserve_tokenize_cache_tokens_total{ReplicaId="a",source="cached"} 900.0
+ray_toolserve_tokenize_cache_tokens_total{ReplicaId="a",source="tokenized"} 100.0
+"""
+
+
+def test_front_end_work_is_cpu_per_prompt_between_the_scrapes() -> None:
+    work = front_end_work(TOOLSERVE_FRONT_END_BEFORE, TOOLSERVE_FRONT_END_AFTER)
+    assert work["render_cpu_ms_per_prompt"] == pytest.approx(5.0)
+    assert work["tokenize_cpu_ms_per_prompt"] == pytest.approx(5.0)
+    assert work["tokenize_cache_token_share"] == pytest.approx(0.9)
+    assert set(front_end_work(STOCK_BEFORE, STOCK_AFTER).values()) == {None}
 
 
 def test_cpu_of_a_process_tree_counts_its_children() -> None:

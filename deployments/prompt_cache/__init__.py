@@ -1,0 +1,1 @@
+"""Preparing prompts in a replica's chat front end: the tokenize cache."""
