@@ -4,15 +4,17 @@ SDK: its phases one after another against one endpoint, every request recorded."
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
 
 from openai import APIError, AsyncOpenAI
-from openai.types.chat import ChatCompletionMessageParam
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from bench.driver import ProgramRecord, RequestRecord, RunResult
 from bench.workloads.hot_path import (
     AGENT_TYPE,
+    BURST,
     REPEATED,
     SEQUENTIAL,
     STREAMED,
@@ -37,6 +39,52 @@ _REPEATED_QUESTION: list[ChatCompletionMessageParam] = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "In two sentences, why do agents call tools?"},
 ]
+
+
+_BURST_GUIDELINES = (
+    "Work in small, verifiable steps. Before editing a file, read it. Prefer the "
+    "repository's own helpers to new code. Run the tests after every change and "
+    "report failures verbatim. Never delete files you did not create. Keep answers "
+    "short: name the file, the function and the change. "
+) * 6
+_BURST_TOOLS: list[ChatCompletionToolParam] = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    argument: {"type": "string", "description": f"The {argument} to use."}
+                    for argument in arguments
+                },
+                "required": list(arguments),
+            },
+        },
+    }
+    for name, description, arguments in (
+        ("read_file", "Read a file of the repository and return its text.", ("path",)),
+        ("write_file", "Replace a file's text.", ("path", "content")),
+        ("search_code", "Search the repository for a regular expression.", ("pattern", "glob")),
+        ("run_command", "Run a shell command in the repository.", ("command", "workdir")),
+        ("get_diagnostics", "Type checker and linter findings for a file.", ("path",)),
+        ("list_files", "List the files under a directory.", ("directory",)),
+        ("git_diff", "The working tree's changes against a revision.", ("revision",)),
+        ("open_issue", "Open an issue with a title and a body.", ("title", "body")),
+    )
+]
+
+
+def _burst_messages(team: int, agent: int) -> list[ChatCompletionMessageParam]:
+    """An agent of a team: the team's preamble, then a question of its own."""
+    return [
+        {
+            "role": "system",
+            "content": f"You are agent team {team} of a coding assistant. {_BURST_GUIDELINES}",
+        },
+        {"role": "user", "content": f"Agent {agent}: which tool lists the files of src/{agent}?"},
+    ]
 
 
 class _Phase:
@@ -115,10 +163,16 @@ async def run_hot_path(
     next_index = 0
 
     async def completion(
-        messages: list[ChatCompletionMessageParam], max_tokens: int
+        messages: list[ChatCompletionMessageParam],
+        max_tokens: int,
+        tools: list[ChatCompletionToolParam] | None = None,
     ) -> tuple[int, int, float | None]:
         reply = await client.chat.completions.create(
-            model=model, messages=messages, max_tokens=max_tokens, temperature=0.0
+            model=model,
+            messages=messages,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            **({"tools": tools} if tools else {}),
         )
         usage = reply.usage
         return (usage.prompt_tokens, usage.completion_tokens, None) if usage else (0, 0, None)
@@ -191,6 +245,27 @@ async def run_hot_path(
             figures.update(latency_figures("ttft", streamed.first_token_s))
         if config.repeated_requests:
             await run_phase(REPEATED, config.repeated_requests, 1, ask_again)
+        if config.burst_width and config.burst_iterations:
+            burst = _Phase(BURST, system, repeat, run_started)
+            started = time.monotonic()
+            for team in range(config.burst_iterations):
+                await asyncio.gather(
+                    *(
+                        burst.send(
+                            team * config.burst_width + agent,
+                            functools.partial(
+                                completion,
+                                _burst_messages(team, agent),
+                                config.burst_max_tokens,
+                                _BURST_TOOLS,
+                            ),
+                        )
+                        for agent in range(config.burst_width)
+                    )
+                )
+            requests.extend(burst.requests)
+            programs.append(burst.record(started, time.monotonic()))
+            figures.update(latency_figures(BURST, burst.latencies_s))
         wall = time.monotonic() - run_started
     finally:
         await client.close()

@@ -336,7 +336,8 @@ def _hot_path(summary: dict[str, Any]) -> list[str]:
         "",
         "Each figure's mean over the rounds (latencies in ms at p50 and p99 of each phase: "
         "`sequential` one at a time, `cN` with N in flight, `streamed` one at a time, "
-        "`repeated` one question again and again; `ttft` the streamed phase's first token; "
+        "`repeated` one question again and again, `burst` requests sent a team at a time; "
+        "`ttft` the streamed phase's first token; "
         "requests/s of the concurrent phases; CPU "
         "ms per request of the serving processes and of the engine).",
         "",
@@ -353,8 +354,9 @@ def _hot_path(summary: dict[str, Any]) -> list[str]:
         lines += [
             "",
             f"{entry['system']} against {entry['reference']}, round by round: latencies as "
-            "milliseconds added (negative: faster), other figures as the system's over the "
-            "reference's, with 95% Student-t intervals over the rounds.",
+            "milliseconds added (negative: faster), a burst's latencies and other figures "
+            "as the system's over the reference's, with 95% Student-t intervals over the "
+            "rounds.",
             "",
             "| figure | added ms or ratio [95% CI] | per round |",
             "|---|---|---|",

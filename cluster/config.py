@@ -320,6 +320,31 @@ class PromptLookupConfig(_Strict):
         return self
 
 
+class AdmissionConfig(_Strict):
+    """Cell-budget admission: a waiting sequence starts its prefill only when the
+    KV it may claim fits beside what the running sequences may claim."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Hold new prefills (first come, first served) while the running "
+        "sequences' demand plus theirs exceeds `kv_share` of the KV pool. A "
+        "sequence's demand: its prompt less the prefix cache's hit, plus its output.",
+    )
+    kv_share: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="Share of the KV pool the admitted sequences may claim together.",
+    )
+    output_reserve_tokens: int = Field(
+        default=512,
+        ge=0,
+        description="Output tokens each sequence is counted for at most (its "
+        "`max_tokens` when smaller): counting every reply's whole allowance would "
+        "run requests without `max_tokens` one at a time.",
+    )
+
+
 class ModelDeploymentConfig(_Strict):
     """A Ray Serve deployment of model replicas, each running one vLLM engine."""
 
@@ -374,6 +399,10 @@ class ModelDeploymentConfig(_Strict):
         default_factory=PromptLookupConfig,
         description="Prompt-lookup decoding in this deployment's engines.",
     )
+    admission: AdmissionConfig = Field(
+        default_factory=AdmissionConfig,
+        description="Cell-budget admission of new prefills in this deployment's engines.",
+    )
 
     @property
     def schedules_by_priority(self) -> bool:
@@ -385,7 +414,7 @@ class ModelDeploymentConfig(_Strict):
 
     @property
     def uses_toolserve_scheduler(self) -> bool:
-        return self.pinning.enabled or self.prompt_lookup.enabled
+        return self.pinning.enabled or self.prompt_lookup.enabled or self.admission.enabled
 
     @model_validator(mode="after")
     def _pinning_owns_scheduler(self) -> ModelDeploymentConfig:
@@ -393,8 +422,9 @@ class ModelDeploymentConfig(_Strict):
         clashing = sorted(owned & self.engine.extra_engine_args.keys())
         if self.uses_toolserve_scheduler and clashing:
             raise ValueError(
-                f"pinning and prompt lookup set {clashing} themselves; turn both off "
-                "(pinning mode: off, program_fcfs: false; prompt_lookup enabled: false) "
+                f"pinning, prompt lookup and admission set {clashing} themselves; turn "
+                "them off (pinning mode: off, program_fcfs: false; prompt_lookup and "
+                "admission enabled: false) "
                 "to pass them in extra_engine_args"
             )
         if self.prompt_lookup.enabled and "speculative_config" in self.engine.extra_engine_args:

@@ -1,23 +1,26 @@
 """vLLM's engine arguments and configuration for a replica: the deployment's
-engine settings, plus pinning's and prompt lookup's, and the scheduler class
-that carries them inside the EngineCore process."""
+engine settings, plus pinning's, prompt lookup's and admission's, and the
+scheduler class that carries them inside the EngineCore process."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from cluster.config import PromptLookupConfig
+from cluster.config import AdmissionConfig, PromptLookupConfig
+from deployments.admission import settings as admission_settings
 from deployments.pinning.settings import EnginePinningSettings
 from deployments.prompt_lookup import settings as prompt_lookup_settings
 
 _PINNING_SCHEDULERS = "deployments.pinning.scheduler"
 _GATED_SCHEDULERS = "deployments.prompt_lookup.scheduler"
+_ADMISSION_SCHEDULERS = "deployments.admission.scheduler"
 
 
 def create_engine_config(
     engine_kwargs: dict[str, Any],
     pinning: EnginePinningSettings | None,
     prompt_lookup: PromptLookupConfig | None = None,
+    admission: AdmissionConfig | None = None,
     **more: Any,
 ) -> tuple[Any, Any]:
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -27,14 +30,17 @@ def create_engine_config(
     lookup_kwargs = (
         prompt_lookup_settings.engine_kwargs(prompt_lookup) if prompt_lookup is not None else {}
     )
-    additional_config = pinning_kwargs.pop("additional_config", {}) | lookup_kwargs.pop(
-        "additional_config", {}
+    admission_kwargs = admission_settings.engine_kwargs(admission) if admission is not None else {}
+    additional_config = (
+        pinning_kwargs.pop("additional_config", {})
+        | lookup_kwargs.pop("additional_config", {})
+        | admission_kwargs.pop("additional_config", {})
     )
     if additional_config:
         more["additional_config"] = additional_config
     engine_args = AsyncEngineArgs(**engine_kwargs, **pinning_kwargs, **lookup_kwargs, **more)
     vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
-    select_scheduler(vllm_config, pinning, prompt_lookup)
+    select_scheduler(vllm_config, pinning, prompt_lookup, admission)
     return engine_args, vllm_config
 
 
@@ -42,16 +48,22 @@ def select_scheduler(
     vllm_config: Any,
     pinning: EnginePinningSettings | None,
     prompt_lookup: PromptLookupConfig | None = None,
+    admission: AdmissionConfig | None = None,
 ) -> None:
     """Point the engine at the scheduler that carries what is on, matching vLLM's
     own choice of synchronous or asynchronous scheduling where it has one (known
-    only once the config exists); prompt lookup's gate schedules synchronously."""
+    only once the config exists); prompt lookup's gate schedules synchronously.
+    Every toolserve scheduler carries admission, which acts only when its
+    settings are in the engine's `additional_config`."""
     pinning_on = pinning is not None and pinning.enabled
     gated = prompt_lookup is not None and prompt_lookup.enabled
+    admitting = admission is not None and admission.enabled
     scheduler_config = vllm_config.scheduler_config
+    asynchronous = "Async" if scheduler_config.async_scheduling else ""
     if gated:
         name = "GatedPinningScheduler" if pinning_on else "GatedScheduler"
         scheduler_config.scheduler_cls = f"{_GATED_SCHEDULERS}.{name}"
     elif pinning_on:
-        name = "PinningAsyncScheduler" if scheduler_config.async_scheduling else "PinningScheduler"
-        scheduler_config.scheduler_cls = f"{_PINNING_SCHEDULERS}.{name}"
+        scheduler_config.scheduler_cls = f"{_PINNING_SCHEDULERS}.Pinning{asynchronous}Scheduler"
+    elif admitting:
+        scheduler_config.scheduler_cls = f"{_ADMISSION_SCHEDULERS}.Admission{asynchronous}Scheduler"

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from cluster.config import ModelDeploymentConfig, ToolsConfig
 from cluster.openai_protocol import LAST_STEP_ARG, ModelToolCall, ToolCallDeltas
 from cluster.store.replicas import EngineState, ReplicaStatus, ReplicaStatusStore
+from deployments.admission.replica import export_admission_stats
 from deployments.continuation import Continuation, TurnContext, continuation_possible
 from deployments.engine_setup import create_engine_config
 from deployments.errors import ApiError, engine_not_ready
@@ -97,7 +98,7 @@ class ModelServer:
             else None
         )
         self._pinning: EnginePinning | None = None
-        self._prompt_lookup_export: asyncio.Task[None] | None = None
+        self._stats_exports: list[asyncio.Task[None]] = []
         self._tools_config = tools
         self._tools: ToolExecutor | None = None
         if tools is not None and tools.continuation.enabled:
@@ -150,6 +151,7 @@ class ModelServer:
             self._deployment.engine.engine_kwargs(self._resolved_model, self._served_model_names),
             self._pinning_settings,
             self._deployment.prompt_lookup,
+            self._deployment.admission,
             disable_log_stats=False,
         )
         # NOTE: AsyncLLM's constructor blocks until the engine process is up;
@@ -188,10 +190,11 @@ class ModelServer:
             )
             await pinning.start(self._cache_dir, self._profile_fingerprint())
             self._pinning = pinning
+        loop = asyncio.get_running_loop()
         if self._deployment.prompt_lookup.enabled:
-            self._prompt_lookup_export = asyncio.get_running_loop().create_task(
-                export_prompt_lookup_stats(engine)
-            )
+            self._stats_exports.append(loop.create_task(export_prompt_lookup_stats(engine)))
+        if self._deployment.admission.enabled:
+            self._stats_exports.append(loop.create_task(export_admission_stats(engine)))
 
     def _profile_fingerprint(self) -> dict[str, Any]:
         engine = self._deployment.engine

@@ -280,6 +280,25 @@ def _hot_path(size: Size) -> WorkloadPlan:
     )
 
 
+def _burst(size: Size) -> WorkloadPlan:
+    config = HotPathConfig(burst_width=8, burst_iterations=5 if size == "quick" else 10)
+    return WorkloadPlan(
+        name="burst",
+        size=size,
+        description=(
+            f"{config.burst_iterations} bursts of {config.burst_width} requests sent at "
+            "once, one burst after another: each burst a team of agents sharing a preamble "
+            "of their own (system prompt of about 600 tokens and eight tool schemas), each "
+            f"agent asking its own question, greedy, up to {config.burst_max_tokens} tokens "
+            "per reply, no session. Latency at the API (p50, p99 over all bursts)"
+        ),
+        build=lambda seed: [],
+        kv_cache_mib=384,
+        max_model_len=4096,
+        hot_path=config,
+    )
+
+
 def _repeated_prompt(size: Size) -> WorkloadPlan:
     config = HotPathConfig(repeated_requests=50 if size == "quick" else 200)
     return WorkloadPlan(
@@ -309,6 +328,7 @@ WORKLOADS: dict[str, Callable[[Size], WorkloadPlan]] = {
     "aiperf-multi-turn": _aiperf_multi_turn,
     "hot-path": _hot_path,
     "repeated-prompt": _repeated_prompt,
+    "burst": _burst,
 }
 
 

@@ -5,7 +5,9 @@ then streamed one at a time for the time to the first token. Every request
 asks a different question, so no cache answers it; the prefix cache holds
 their shared opening on every system alike. The repeated-prompt workload runs
 one phase of its own instead: one question asked again and again, one at a
-time (greedy), the case of toolserve's response cache.
+time (greedy), the case of toolserve's response cache. The burst workload runs
+bursts: a team of agents sharing one long preamble (system prompt and tool
+schemas) sends its requests at once, then the next team (another preamble).
 
 Figures per run: p50 and p99 latency of each phase, requests per second of the
 concurrent phases, time to first token of the streamed phase; the harness adds
@@ -27,6 +29,7 @@ AGENT_TYPE = "hot-path"
 SEQUENTIAL = "sequential"
 STREAMED = "streamed"
 REPEATED = "repeated"
+BURST = "burst"
 ADDED = "added_ms"
 RATIO = "ratio"
 
@@ -57,6 +60,16 @@ class HotPathConfig(BaseModel):
     repeated_max_tokens: int = Field(
         default=32, gt=0, description="Tokens of a repeated question's reply."
     )
+    burst_width: int = Field(
+        default=0, ge=0, description="Requests of one burst, sent at once (one per agent)."
+    )
+    burst_iterations: int = Field(
+        default=0,
+        ge=0,
+        description="Bursts, one after another; each burst's agents share a preamble "
+        "of their own (a team), so no burst finds its preamble cached.",
+    )
+    burst_max_tokens: int = Field(default=32, gt=0, description="Tokens of a burst reply.")
 
 
 def concurrent_phase(in_flight: int) -> str:
@@ -71,6 +84,7 @@ def phases(config: HotPathConfig) -> list[str]:
         *concurrent,
         *([STREAMED] if config.streamed_requests else []),
         *([REPEATED] if config.repeated_requests else []),
+        *([BURST] if config.burst_width and config.burst_iterations else []),
     ]
 
 
@@ -78,7 +92,7 @@ def figure_names(config: HotPathConfig) -> list[str]:
     names = []
     for phase in phases(config):
         names += [f"{phase}_p50_ms", f"{phase}_p99_ms"]
-        if phase not in (SEQUENTIAL, STREAMED, REPEATED):
+        if phase not in (SEQUENTIAL, STREAMED, REPEATED, BURST):
             names.append(f"{phase}_requests_per_s")
     return [
         *names,
@@ -127,7 +141,8 @@ def compare(
 ) -> dict[str, dict[str, object]]:
     """Round by round (`reference[r]`, `system[r]`: figures of round r): a latency
     (`_ms` but not CPU) as milliseconds added to the reference's, everything else
-    as the system's figure over the reference's."""
+    as the system's figure over the reference's. A burst's latencies are ratios:
+    they are the engine's work, not the serving layer's addition to it."""
     comparison: dict[str, dict[str, object]] = {}
     for name in names:
         rounds = [
@@ -137,7 +152,7 @@ def compare(
         ]
         if not rounds:
             continue
-        if name.endswith("_ms") and "cpu" not in name:
+        if name.endswith("_ms") and "cpu" not in name and not name.startswith(BURST):
             added = [own - ref for ref, own in rounds]
             comparison[name] = {"kind": ADDED, **_interval_json(mean_interval(added), added)}
         else:

@@ -1,7 +1,7 @@
 """vLLM general plugin (entry point `vllm.general_plugins`): lets a replica reach
 toolserve's scheduler inside the EngineCore process through vLLM's utility calls
 (`engine_core.call_utility_async("toolserve_pinning_control", operation, arguments)`,
-`call_utility_async("toolserve_prompt_lookup_stats")`)."""
+`call_utility_async("toolserve_prompt_lookup_stats")`, `"toolserve_admission_stats"`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 UTILITY_METHOD = "toolserve_pinning_control"
 PROMPT_LOOKUP_STATS_METHOD = "toolserve_prompt_lookup_stats"
+ADMISSION_STATS_METHOD = "toolserve_admission_stats"
 
 
 class EngineOperation(StrEnum):
@@ -34,11 +35,23 @@ def _pinning_control(engine_core: Any, operation: str, arguments: list[Any]) -> 
     return control(operation, arguments)
 
 
-def _prompt_lookup_stats(engine_core: Any) -> Any:
-    stats = getattr(engine_core.scheduler, "prompt_lookup_stats", None)
+def _scheduler_stats(engine_core: Any, method: str, missing: str) -> Any:
+    stats = getattr(engine_core.scheduler, method, None)
     if stats is None:
-        raise RuntimeError("this engine does not gate prompt-lookup drafts")
+        raise RuntimeError(missing)
     return stats()
+
+
+def _prompt_lookup_stats(engine_core: Any) -> Any:
+    return _scheduler_stats(
+        engine_core, "prompt_lookup_stats", "this engine does not gate prompt-lookup drafts"
+    )
+
+
+def _admission_stats(engine_core: Any) -> Any:
+    return _scheduler_stats(
+        engine_core, "admission_stats", "this engine does not run toolserve's scheduler"
+    )
 
 
 def register() -> None:
@@ -48,3 +61,5 @@ def register() -> None:
         setattr(EngineCore, UTILITY_METHOD, _pinning_control)
     if not hasattr(EngineCore, PROMPT_LOOKUP_STATS_METHOD):
         setattr(EngineCore, PROMPT_LOOKUP_STATS_METHOD, _prompt_lookup_stats)
+    if not hasattr(EngineCore, ADMISSION_STATS_METHOD):
+        setattr(EngineCore, ADMISSION_STATS_METHOD, _admission_stats)

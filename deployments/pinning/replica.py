@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from cluster.openai_protocol import reply_tool_calls
 from cluster.store.pins import PinStore
+from deployments.engine_stats import poll_engine_stats
 from deployments.pinning.plugin import UTILITY_METHOD, EngineOperation
 from deployments.pinning.ttl_policy import PrefillProfile
 
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("toolserve.pinning.replica")
 
-_STATS_PERIOD_S = 5.0
 _TTL_BOUNDARIES = [0.25, 0.5, 1, 2, 4, 8, 15, 30, 60]
 _SHARE_BOUNDARIES = [0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0]
 _TOOL_DURATION_BOUNDARIES = [0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120]
@@ -122,15 +122,9 @@ class EnginePinning:
         return PrefillProfile.fit(self._lengths, seconds)
 
     async def _export_stats(self) -> None:
-        while True:
-            await asyncio.sleep(_STATS_PERIOD_S)
-            try:
-                stats = await self.stats()
-            except Exception as error:  # the engine may be restarting
-                logger.warning("pinning stats unavailable: %s", error)
-                continue
-            if self._metrics is not None:
-                self._metrics.record(stats)
+        metrics = self._metrics
+        if metrics is not None:
+            await poll_engine_stats("pinning", self.stats, metrics.record)
 
     async def _follow_control_channel(self, redis_url: str) -> None:
         """Ends programs the client closed and releases pins of programs the router

@@ -24,6 +24,7 @@ from cluster.openai_protocol import (
     PARENT_PROGRAM_ARG,
     RETAIN_FOR_ARG,
 )
+from deployments.admission.scheduler import CellBudgetMixin
 from deployments.pinning.controller import Pin, PinningController
 from deployments.pinning.ledger import LedgerPublisher
 from deployments.pinning.plugin import EngineOperation
@@ -266,9 +267,9 @@ def _retention_hint(extra_args: dict[str, Any]) -> RetentionHint | None:
     )
 
 
-class PinningScheduler(PinningSchedulerMixin, Scheduler):  # type: ignore[misc]
+class PinningScheduler(PinningSchedulerMixin, CellBudgetMixin, Scheduler):  # type: ignore[misc]
     pass
 
 
-class PinningAsyncScheduler(PinningSchedulerMixin, AsyncScheduler):  # type: ignore[misc]
+class PinningAsyncScheduler(PinningSchedulerMixin, CellBudgetMixin, AsyncScheduler):  # type: ignore[misc]
     pass

@@ -3,18 +3,13 @@ metrics every few seconds."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from typing import TYPE_CHECKING, Any
 
+from deployments.engine_stats import poll_engine_stats
 from deployments.pinning.plugin import PROMPT_LOOKUP_STATS_METHOD
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
-
-logger = logging.getLogger("toolserve.prompt_lookup")
-
-_STATS_PERIOD_S = 5.0
 
 
 class PromptLookupMetrics:
@@ -60,11 +55,8 @@ class PromptLookupMetrics:
 
 async def export_prompt_lookup_stats(engine: AsyncLLM) -> None:
     metrics = PromptLookupMetrics()
-    while True:
-        await asyncio.sleep(_STATS_PERIOD_S)
-        try:
-            stats = await engine.engine_core.call_utility_async(PROMPT_LOOKUP_STATS_METHOD)
-        except Exception as error:  # the engine may be restarting
-            logger.warning("prompt-lookup stats unavailable: %s", error)
-            continue
-        metrics.record(stats)
+    await poll_engine_stats(
+        "prompt-lookup",
+        lambda: engine.engine_core.call_utility_async(PROMPT_LOOKUP_STATS_METHOD),
+        metrics.record,
+    )

@@ -11,6 +11,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.request import Request
 
+from deployments.admission.scheduler import CellBudgetMixin
 from deployments.pinning.scheduler import PinningSchedulerMixin
 from deployments.prompt_lookup.gate import CallRegions, GateSettings, ProposalGate
 from deployments.prompt_lookup.settings import from_additional_config
@@ -106,9 +107,11 @@ class PromptLookupGateMixin:
         return self._gate.take_stats().as_dict()
 
 
-class GatedScheduler(PromptLookupGateMixin, Scheduler):  # type: ignore[misc]
+class GatedScheduler(PromptLookupGateMixin, CellBudgetMixin, Scheduler):  # type: ignore[misc]
     pass
 
 
-class GatedPinningScheduler(PromptLookupGateMixin, PinningSchedulerMixin, Scheduler):  # type: ignore[misc]
+class GatedPinningScheduler(
+    PromptLookupGateMixin, PinningSchedulerMixin, CellBudgetMixin, Scheduler
+):  # type: ignore[misc]
     pass

@@ -80,3 +80,20 @@ def test_the_repeated_prompt_workload_runs_its_one_phase() -> None:
         "repeated_p50_ms", "repeated_p99_ms",
         "serving_cpu_ms_per_request", "engine_cpu_ms_per_request",
     ]  # fmt: skip
+
+
+def test_the_burst_workload_sends_forty_requests_in_bursts_of_eight_at_the_quick_size() -> None:
+    plan = plan_workload("burst", "quick")
+    assert plan.hot_path is not None and plan.build(0) == []
+    assert (plan.hot_path.burst_width, plan.hot_path.burst_iterations) == (8, 5)
+    assert phases(plan.hot_path) == ["burst"]
+    assert figure_names(plan.hot_path) == [
+        "burst_p50_ms", "burst_p99_ms",
+        "serving_cpu_ms_per_request", "engine_cpu_ms_per_request",
+    ]  # fmt: skip
+
+
+def test_a_bursts_latency_is_compared_as_a_ratio() -> None:
+    comparison = compare([{"burst_p99_ms": 3000.0}], [{"burst_p99_ms": 1000.0}], ["burst_p99_ms"])
+    assert comparison["burst_p99_ms"]["kind"] == "ratio"
+    assert comparison["burst_p99_ms"]["per_round"] == [pytest.approx(1 / 3)]

@@ -137,7 +137,7 @@ def test_every_field_is_described(model: type[BaseModel]) -> None:
 
 def test_pinning_owns_the_scheduler_arguments() -> None:
     engine = _engine(extra_engine_args={"scheduling_policy": "priority"})
-    with pytest.raises(ValidationError, match="pinning and prompt lookup set"):
+    with pytest.raises(ValidationError, match="pinning, prompt lookup and admission set"):
         ModelDeploymentConfig(engine=engine)
     off = ModelDeploymentConfig.model_validate(
         {"engine": engine, "pinning": {"mode": "off", "program_fcfs": False}}

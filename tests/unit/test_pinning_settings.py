@@ -1,5 +1,7 @@
 from types import SimpleNamespace
 
+from cluster.config import AdmissionConfig
+from deployments.admission import settings as admission_settings
 from deployments.engine_setup import select_scheduler
 from deployments.pinning.settings import (
     ADDITIONAL_CONFIG_KEY,
@@ -51,3 +53,28 @@ def test_scheduler_follows_vllms_choice_of_async_scheduling() -> None:
         assert vllm_config.scheduler_config.scheduler_cls == (
             f"deployments.pinning.scheduler.{expected}"
         )
+
+
+def test_admission_alone_gets_a_scheduler_of_its_own_and_rides_along_otherwise() -> None:
+    admission = AdmissionConfig(enabled=True)
+    for async_scheduling, expected in [
+        (True, "AdmissionAsyncScheduler"),
+        (False, "AdmissionScheduler"),
+    ]:
+        vllm_config = SimpleNamespace(
+            scheduler_config=SimpleNamespace(async_scheduling=async_scheduling, scheduler_cls=None)
+        )
+        select_scheduler(vllm_config, None, None, admission)
+        assert vllm_config.scheduler_config.scheduler_cls == (
+            f"deployments.admission.scheduler.{expected}"
+        )
+    vllm_config = SimpleNamespace(
+        scheduler_config=SimpleNamespace(async_scheduling=False, scheduler_cls=None)
+    )
+    select_scheduler(vllm_config, settings(), None, admission)
+    assert vllm_config.scheduler_config.scheduler_cls == (
+        "deployments.pinning.scheduler.PinningScheduler"
+    )
+    carried = admission_settings.engine_kwargs(admission)["additional_config"]
+    assert admission_settings.from_additional_config(carried) == admission
+    assert admission_settings.engine_kwargs(AdmissionConfig()) == {}
