@@ -8,7 +8,7 @@ import functools
 import time
 from collections.abc import Awaitable, Callable
 
-from openai import APIError, AsyncOpenAI
+from openai import APIError, AsyncOpenAI, omit
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from bench.driver import ProgramRecord, RequestRecord, RunResult
@@ -172,7 +172,7 @@ async def run_hot_path(
             messages=messages,
             max_tokens=max_tokens,
             temperature=0.0,
-            **({"tools": tools} if tools else {}),
+            tools=tools if tools else omit,
         )
         usage = reply.usage
         return (usage.prompt_tokens, usage.completion_tokens, None) if usage else (0, 0, None)

@@ -76,12 +76,14 @@ class CellBudgetMixin:
     def _starts_fresh(request: Request) -> bool:
         """A sequence that has computed nothing and holds nothing (a preempted one
         resumes whatever the budget: it was admitted once)."""
-        return request.status == RequestStatus.WAITING and request.num_computed_tokens == 0
+        return bool(request.status == RequestStatus.WAITING and request.num_computed_tokens == 0)
 
     def _output_tokens(self, request: Request) -> int:
         base: Scheduler = self
-        allowance = request.max_tokens if request.max_tokens is not None else base.max_model_len
-        return min(allowance, self._output_reserve, base.max_model_len - request.num_prompt_tokens)
+        max_model_len: int = base.max_model_len
+        allowance: int = request.max_tokens if request.max_tokens is not None else max_model_len
+        prompt_tokens: int = request.num_prompt_tokens
+        return min(allowance, self._output_reserve, max_model_len - prompt_tokens)
 
     def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         self._admitted.pop(request.request_id, None)

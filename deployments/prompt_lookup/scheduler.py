@@ -112,6 +112,9 @@ class GatedScheduler(PromptLookupGateMixin, CellBudgetMixin, Scheduler):  # type
 
 
 class GatedPinningScheduler(
-    PromptLookupGateMixin, PinningSchedulerMixin, CellBudgetMixin, Scheduler
-):  # type: ignore[misc]
+    PromptLookupGateMixin,
+    PinningSchedulerMixin,
+    CellBudgetMixin,
+    Scheduler,  # type: ignore[misc]
+):
     pass
