@@ -39,6 +39,11 @@ def _count(work: dict[str, Any], name: str) -> str:
     return "n/a" if mean is None else f"{mean:,.0f}"
 
 
+def _milliseconds(work: dict[str, Any], name: str) -> str:
+    mean = work.get(name, {}).get("mean")
+    return "n/a" if mean is None else f"{mean:.2f}"
+
+
 def _run_cell(run_dir: Path, summary: dict[str, Any]) -> str:
     provenance = summary["provenance"]
     commit = (provenance["commit"] or "unknown")[:8] + (" dirty" if provenance["dirty"] else "")
@@ -60,8 +65,8 @@ def bench_table(runs: Sequence[Path], root: Path = Path()) -> str:
     ]
     work = [
         "| run | system | mean JCT [95% CI] | prompt tokens computed | from cache "
-        "| preemptions | CPU s | engine CPU s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| preemptions | CPU s | engine CPU s | tokenize CPU ms per prompt |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     hot_path = [
         "| run | system | reference | hot-path figure | added ms or ratio [95% CI] | verdict |",
@@ -86,7 +91,7 @@ def bench_table(runs: Sequence[Path], root: Path = Path()) -> str:
             )
         for name, figures in summary["systems"].items():
             if "error" in figures:
-                work.append(f"| {run} | {name} | failed: {figures['error']} | | | | | |")
+                work.append(f"| {run} | {name} | failed: {figures['error']} | | | | | | |")
                 continue
             done = figures["work"]
             work.append(
@@ -94,7 +99,8 @@ def bench_table(runs: Sequence[Path], root: Path = Path()) -> str:
                 f"| {format_interval(figures['intervals']['jct_mean_s'], ' s', 1)} "
                 f"| {_count(done, 'prompt_tokens_computed')} "
                 f"| {_count(done, 'prompt_tokens_from_cache')} | {_count(done, 'preemptions')} "
-                f"| {_count(done, 'cpu_total_s')} | {_count(done, 'cpu_engine_s')} |"
+                f"| {_count(done, 'cpu_total_s')} | {_count(done, 'cpu_engine_s')} "
+                f"| {_milliseconds(done, 'tokenize_cpu_ms_per_prompt')} |"
             )
     tables = [*comparisons, "", *work]
     if len(hot_path) > 2:
