@@ -113,6 +113,19 @@ DASHBOARDS: dict[str, tuple[str, tuple[PanelSpec, ...]]] = {
                 ),
             ),
             PanelSpec(
+                "Chat front end CPU per prompt by stage",
+                "s",
+                (
+                    Query(
+                        "sum by (stage) (rate(ray_toolserve_prompt_cpu_seconds_total[5m])) "
+                        "/ sum by (stage) (rate(ray_toolserve_prompts_prepared_total[5m]))",
+                        "{{stage}}",
+                    ),
+                ),
+                "CPU time of a replica's chat front end per prompt: rendering the chat "
+                "template, tokenizing (through the tokenize cache when it is on).",
+            ),
+            PanelSpec(
                 "Healthy replicas by deployment",
                 "short",
                 (
