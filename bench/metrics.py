@@ -295,23 +295,49 @@ ENGINE_COUNTERS: dict[str, tuple[str, str | None]] = {
 }
 
 
-def engine_counters(metrics_text: str) -> dict[str, float]:
-    """Each ENGINE_COUNTERS figure summed over engines and replicas; a figure no
-    engine reported is absent."""
+@dataclass(frozen=True)
+class _CounterSelector:
+    """Samples of one counter, by any of its exported names, with a label's value."""
+
+    names: tuple[str, ...]
+    label: str | None = None
+    value: str | None = None
+
+    def matches(self, name: str, labels: dict[str, str]) -> bool:
+        return name in self.names and (self.label is None or labels.get(self.label) == self.value)
+
+
+def _summed_counters(metrics_text: str, selectors: dict[str, _CounterSelector]) -> dict[str, float]:
+    """Each selected figure summed over the samples it selects; a figure nothing
+    selects is absent."""
     from prometheus_client.parser import text_string_to_metric_families
 
     figures: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(metrics_text):
             for sample in family.samples:
-                for figure, (counter, source) in ENGINE_COUNTERS.items():
-                    if sample.name in (f"vllm:{counter}_total", f"ray_vllm_{counter}_total") and (
-                        source is None or sample.labels.get("source") == source
-                    ):
+                for figure, selector in selectors.items():
+                    if selector.matches(sample.name, sample.labels):
                         figures[figure] = figures.get(figure, 0.0) + sample.value
     except ValueError:
         return {}
     return figures
+
+
+def engine_counters(metrics_text: str) -> dict[str, float]:
+    """Each ENGINE_COUNTERS figure summed over engines and replicas; a figure no
+    engine reported is absent."""
+    return _summed_counters(
+        metrics_text,
+        {
+            figure: _CounterSelector(
+                (f"vllm:{counter}_total", f"ray_vllm_{counter}_total"),
+                "source" if source is not None else None,
+                source,
+            )
+            for figure, (counter, source) in ENGINE_COUNTERS.items()
+        },
+    )
 
 
 def engine_work(before_text: str, after_text: str) -> dict[str, float | None]:
@@ -342,20 +368,13 @@ FRONT_END_FIGURES = (
 
 
 def _front_end_counters(metrics_text: str) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    figures: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(metrics_text):
-            for sample in family.samples:
-                for figure, (counter, label, value) in FRONT_END_COUNTERS.items():
-                    if sample.name in (f"{counter}_total", f"ray_{counter}_total") and (
-                        sample.labels.get(label) == value
-                    ):
-                        figures[figure] = figures.get(figure, 0.0) + sample.value
-    except ValueError:
-        return {}
-    return figures
+    return _summed_counters(
+        metrics_text,
+        {
+            figure: _CounterSelector((f"{counter}_total", f"ray_{counter}_total"), label, value)
+            for figure, (counter, label, value) in FRONT_END_COUNTERS.items()
+        },
+    )
 
 
 def front_end_work(before_text: str, after_text: str) -> dict[str, float | None]:
