@@ -288,7 +288,8 @@ def _burst(size: Size) -> WorkloadPlan:
         description=(
             f"{config.burst_iterations} bursts of {config.burst_width} requests sent at "
             "once, one burst after another: each burst a team of agents sharing a preamble "
-            "of their own (system prompt of about 600 tokens and eight tool schemas), each "
+            "of their own (a long system prompt and eight tool schemas: prompts of about "
+            "1,170 tokens with SmolLM2's template), each "
             f"agent asking its own question, greedy, up to {config.burst_max_tokens} tokens "
             "per reply, no session. Latency at the API (p50, p99 over all bursts)"
         ),
