@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import Field
 
 from cluster.config import PinningConfig
+from deployments.additional_config import carried, read
 
 ADDITIONAL_CONFIG_KEY = "toolserve_pinning"
 
@@ -21,10 +22,7 @@ class EnginePinningSettings(PinningConfig):
 
     @classmethod
     def from_additional_config(cls, additional_config: Any) -> EnginePinningSettings | None:
-        if not isinstance(additional_config, dict):
-            return None
-        raw = additional_config.get(ADDITIONAL_CONFIG_KEY)
-        return None if raw is None else cls.model_validate(raw)
+        return read(additional_config, ADDITIONAL_CONFIG_KEY, cls)
 
     def engine_kwargs(self) -> dict[str, Any]:
         """AsyncEngineArgs that turn pinning on (the scheduler class is chosen later)."""
@@ -32,5 +30,5 @@ class EnginePinningSettings(PinningConfig):
             return {}
         return {
             "scheduling_policy": "priority" if self.program_fcfs else "fcfs",
-            "additional_config": {ADDITIONAL_CONFIG_KEY: self.model_dump(mode="json")},
+            "additional_config": carried(ADDITIONAL_CONFIG_KEY, self),
         }

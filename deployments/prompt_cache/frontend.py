@@ -134,39 +134,39 @@ class CachedTokenizer:
             return renderer._tokenize_prompt(prompt, params)
         text = prompt["prompt"]
         tokenizer = renderer.get_tokenizer()
+        encode = params.get_encode_kwargs()
         split = self._cache.split(text)
         token_ids: list[int] | None = None
         if split is not None:
             suffix_ids = tokenizer(split.suffix, add_special_tokens=False)["input_ids"]
             joined = [*split.prefix_ids, *suffix_ids]
-            if self._within_length(joined, params) and self._passes_audit(joined, text, params):
+            if self._within_length(joined, encode) and self._passes_audit(joined, text, encode):
                 token_ids = joined
                 self._metrics.looked_up("hit", len(split.prefix_ids), len(suffix_ids))
         if token_ids is None:
-            token_ids = tokenizer(text, **params.get_encode_kwargs())["input_ids"]
+            token_ids = tokenizer(text, **encode)["input_ids"]
             self._metrics.looked_up("miss", 0, len(token_ids))
-        if not self._audit.failed and self._within_length(token_ids, params, truncated=True):
+        if not self._audit.failed and self._within_length(token_ids, encode, truncated=True):
             self._cache.remember(text, token_ids)
         return renderer._build_tokens_prompt(token_ids, prompt)
 
     @staticmethod
     def _within_length(
-        token_ids: list[int], params: TokenizeParams, *, truncated: bool = False
+        token_ids: list[int], encode: dict[str, Any], *, truncated: bool = False
     ) -> bool:
-        """Whether the tokenizer would leave these ids whole: a joined prompt it
-        would truncate is tokenized in full, as vLLM does, and a truncated one
-        (as long as the limit) is not kept."""
-        encode = params.get_encode_kwargs()
+        """Whether the tokenizer (called with `encode`) would leave these ids
+        whole: a joined prompt it would truncate is tokenized in full, as vLLM
+        does, and a truncated one (as long as the limit) is not kept."""
         if not encode.get("truncation"):
             return True
         limit = encode["max_length"] - 1 if truncated else encode["max_length"]
         return bool(len(token_ids) <= limit)
 
-    def _passes_audit(self, joined: list[int], text: str, params: TokenizeParams) -> bool:
+    def _passes_audit(self, joined: list[int], text: str, encode: dict[str, Any]) -> bool:
         if not self._audit.should_check():
             return True
         tokenizer = self._renderer.get_tokenizer()
-        full = tokenizer(text, **params.get_encode_kwargs())["input_ids"]
+        full = tokenizer(text, **encode)["input_ids"]
         matched = list(full) == joined
         self._audit.record(matched)
         self._metrics.audited(matched)

@@ -6,15 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.config import PromptLookupConfig
+from deployments.additional_config import carried, read
 
 ADDITIONAL_CONFIG_KEY = "toolserve_prompt_lookup"
 
 
 def from_additional_config(additional_config: Any) -> PromptLookupConfig | None:
-    if not isinstance(additional_config, dict):
-        return None
-    raw = additional_config.get(ADDITIONAL_CONFIG_KEY)
-    return None if raw is None else PromptLookupConfig.model_validate(raw)
+    return read(additional_config, ADDITIONAL_CONFIG_KEY, PromptLookupConfig)
 
 
 def engine_kwargs(config: PromptLookupConfig) -> dict[str, Any]:
@@ -31,5 +29,5 @@ def engine_kwargs(config: PromptLookupConfig) -> dict[str, Any]:
             "prompt_lookup_min": config.min_match,
             "prompt_lookup_max": config.max_match,
         },
-        "additional_config": {ADDITIONAL_CONFIG_KEY: config.model_dump(mode="json")},
+        "additional_config": carried(ADDITIONAL_CONFIG_KEY, config),
     }
