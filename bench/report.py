@@ -463,7 +463,14 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         f"Workload: {summary['workload_description']}. Seed {summary['seed']}, "
         f"{summary['rounds']} round(s), each system once per round in a random order "
         f"(seed {summary['order_seed']}): {orders}."
-        + (" A/A run: one system as two arms." if summary.get("aa") else ""),
+        + (" A/A run: one system as two arms." if summary.get("aa") else "")
+        + (
+            " With `--dashboards`: a local Prometheus scraped each toolserve arm every "
+            "5 s and the dashboards were drawn after its run (`dashboards/`), work the "
+            "other systems did not get."
+            if summary.get("dashboards")
+            else ""
+        ),
         "",
         f"Engine for every system: `{settings['model']}` ({settings['dtype']}, eager="
         f"{settings['enforce_eager']}), KV cache {settings['kv_cache_mib']} MiB "

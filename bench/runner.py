@@ -9,12 +9,14 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from bench.cpu import CpuUse, ProcessTreeCpu
+from bench.dashboards import DashboardCapture
 from bench.driver import ClientStall, ProgramRecord, RequestRecord, run_workload
 from bench.hot_path import run_hot_path
 from bench.metrics import (
@@ -76,6 +78,8 @@ class BenchOptions:
     order_seed: int | None = None
     """Seed of the rounds' run orders (default: `seed`)."""
     allow_dirty: bool = False
+    dashboards: bool = False
+    """A local Prometheus scrapes the toolserve arms; their dashboards are drawn."""
 
 
 def parse_system(text: str) -> tuple[str, dict[str, Any]]:
@@ -192,6 +196,9 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
     )
 
     runs = {label: ArmRuns(system) for label, system in arms.items()}
+    capture = DashboardCapture(run_dir, log) if options.dashboards else None
+    if capture is not None:
+        capture.start()
 
     def record_rounds(done: list[list[str]]) -> dict[str, Any]:
         """The summary of the rounds done so far, written at once, so a run cut
@@ -212,23 +219,29 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
         write_markdown(run_dir, summary)
         return summary
 
-    for round_index, order in enumerate(orders):
-        for label in order:
-            if not note_code_state(provenance, REPO_ROOT, options.output_dir):
-                log("bench: WARNING: the code changed since the run started; the report says so")
-            arm_run = _run_arm(options, plan, label, round_index, setups[label], run_dir, runs, log)
-            if arm_run is None:
-                continue
-            with records_path.open("a") as records:
-                for line in (
-                    [r.as_json() for r in arm_run.requests]
-                    + [p.as_json() for p in arm_run.programs]
-                    + [s.as_json() for s in arm_run.stalls]
-                ):
-                    records.write(json.dumps(line) + "\n")
-        if round_index + 1 < len(orders):
-            record_rounds(orders[: round_index + 1])
-            log(f"bench: round {round_index} recorded ({round_index + 1} of {len(orders)})")
+    try:
+        for round_index, order in enumerate(orders):
+            for label in order:
+                if not note_code_state(provenance, REPO_ROOT, options.output_dir):
+                    log("bench: WARNING: the code changed since the run started; the report says so")
+                arm_run = _run_arm(
+                    options, plan, label, round_index, setups[label], run_dir, runs, log, capture
+                )
+                if arm_run is None:
+                    continue
+                with records_path.open("a") as records:
+                    for line in (
+                        [r.as_json() for r in arm_run.requests]
+                        + [p.as_json() for p in arm_run.programs]
+                        + [s.as_json() for s in arm_run.stalls]
+                    ):
+                        records.write(json.dumps(line) + "\n")
+            if round_index + 1 < len(orders):
+                record_rounds(orders[: round_index + 1])
+                log(f"bench: round {round_index} recorded ({round_index + 1} of {len(orders)})")
+    finally:
+        if capture is not None:
+            capture.stop()
     note_code_state(provenance, REPO_ROOT, options.output_dir)
     provenance.finished_utc = utc_now()
     record_rounds(orders)
@@ -284,6 +297,7 @@ def _run_arm(
     run_dir: Path,
     runs: dict[str, ArmRuns],
     log: Log,
+    capture: DashboardCapture | None = None,
 ) -> ArmRun | None:
     arm = runs[label]
     spec, raw_config, settings = setup.spec, setup.raw_config, setup.settings
@@ -300,6 +314,10 @@ def _run_arm(
         startup = time.monotonic() - started
         log(f"bench: {label} ready in {startup:.0f}s; running {options.workload}")
         draft = (raw_config.get("draft") or {}).get("engine", {}).get("served_model_name")
+        watching = capture if spec.kind == "toolserve" else None
+        if watching is not None:
+            watching.watch(endpoint.metrics_url, label)
+        captured_from = datetime.now(UTC)
         time.sleep(_METRICS_SETTLE_S)
         metrics_before = scrape_metrics(endpoint.metrics_url)
         cpu = ProcessTreeCpu(process.pid)
@@ -345,6 +363,9 @@ def _run_arm(
             cpu_use = cpu.stop()
         time.sleep(_METRICS_SETTLE_S)
         metrics_after = scrape_metrics(endpoint.metrics_url)
+        if watching is not None:
+            watching.draw(tag, captured_from, datetime.now(UTC))
+            watching.watch(None)
     except RuntimeError as error:
         log(f"bench: {label} failed: {error}")
         arm.errors.append(f"round {round_index}: {error}")
@@ -563,6 +584,7 @@ def summarize(
         "order_seed": order_seed,
         "round_orders": orders,
         "aa": options.aa,
+        "dashboards": options.dashboards,
         "arms": {label: arm.system for label, arm in runs.items()},
         "settings": {
             "model": settings.model_path.rsplit("/", 1)[-1],

@@ -345,6 +345,40 @@ class AdmissionConfig(_Strict):
     )
 
 
+class KvOffloadConfig(_Strict):
+    """LMCache's CPU tier under each engine's KV cache (vLLM's LMCache connector).
+    GPU engines only: LMCache does not run on vLLM's CPU backend."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Save every request's KV to LMCache's CPU memory and load it "
+        "back on a prefix hit there. Pinned blocks stay in GPU memory; blocks the "
+        "engine frees go on living in the CPU tier, so the TTL cost model prices "
+        "a lost pin at the reload from CPU rather than a prefill.",
+    )
+    cpu_gib: float = Field(
+        default=20,
+        gt=0,
+        description="CPU memory each engine's LMCache tier holds, in GiB "
+        "(LMCache's `max_local_cpu_size`).",
+    )
+    chunk_size: int = Field(
+        default=256, ge=16, description="Tokens per LMCache chunk (its `chunk_size`)."
+    )
+    reload_bytes_per_s: float = Field(
+        default=10e9,
+        gt=0,
+        description="Host-to-GPU copy rate the TTL cost model assumes for loading an "
+        "offloaded context back (bytes per second); the KV bytes per token come "
+        "from the engine's own KV layout.",
+    )
+    lmcache_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Further LMCache settings by their own names (without the "
+        "`lmcache.` prefix), e.g. `{remote_url: ...}`.",
+    )
+
+
 class ModelDeploymentConfig(_Strict):
     """A Ray Serve deployment of model replicas, each running one vLLM engine."""
 
@@ -403,6 +437,10 @@ class ModelDeploymentConfig(_Strict):
         default_factory=AdmissionConfig,
         description="Cell-budget admission of new prefills in this deployment's engines.",
     )
+    kv_offload: KvOffloadConfig = Field(
+        default_factory=KvOffloadConfig,
+        description="LMCache CPU offload under this deployment's engines (GPU only).",
+    )
 
     @property
     def schedules_by_priority(self) -> bool:
@@ -427,6 +465,13 @@ class ModelDeploymentConfig(_Strict):
                 "admission enabled: false) "
                 "to pass them in extra_engine_args"
             )
+        if self.kv_offload.enabled and self.num_gpus == 0 and self.engine.tensor_parallel_size == 1:
+            raise ValueError(
+                "kv_offload needs GPU replicas (num_gpus > 0, or tensor-parallel "
+                "workers that hold GPUs): LMCache does not run on vLLM's CPU backend"
+            )
+        if self.kv_offload.enabled and "kv_transfer_config" in self.engine.extra_engine_args:
+            raise ValueError("kv_offload sets kv_transfer_config itself; turn it off to pass one")
         if self.prompt_lookup.enabled and "speculative_config" in self.engine.extra_engine_args:
             raise ValueError(
                 "prompt_lookup sets speculative_config itself; turn it off to pass one"

@@ -1,12 +1,14 @@
 """vLLM's engine arguments and configuration for a replica: the deployment's
-engine settings, plus pinning's, prompt lookup's and admission's, and the
-scheduler class that carries them inside the EngineCore process."""
+engine settings, plus pinning's, prompt lookup's, admission's and the KV
+offload connector's, and the scheduler class that carries them inside the
+EngineCore process."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from cluster.config import AdmissionConfig, PromptLookupConfig
+from cluster.config import AdmissionConfig, KvOffloadConfig, PromptLookupConfig
+from deployments import kv_offload as kv_offload_settings
 from deployments.admission import settings as admission_settings
 from deployments.pinning.settings import EnginePinningSettings
 from deployments.prompt_lookup import settings as prompt_lookup_settings
@@ -21,8 +23,10 @@ def create_engine_config(
     pinning: EnginePinningSettings | None,
     prompt_lookup: PromptLookupConfig | None = None,
     admission: AdmissionConfig | None = None,
+    kv_offload: KvOffloadConfig | None = None,
     **more: Any,
 ) -> tuple[Any, Any]:
+    from vllm.config import KVTransferConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
 
@@ -38,6 +42,15 @@ def create_engine_config(
     )
     if additional_config:
         more["additional_config"] = additional_config
+    transfer_kwargs = (
+        kv_offload_settings.kv_transfer_kwargs(kv_offload) if kv_offload is not None else None
+    )
+    if transfer_kwargs is not None:
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            raise ValueError("kv_offload: LMCache does not run on vLLM's CPU backend")
+        more["kv_transfer_config"] = KVTransferConfig(**transfer_kwargs)
     engine_args = AsyncEngineArgs(**engine_kwargs, **pinning_kwargs, **lookup_kwargs, **more)
     vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     select_scheduler(vllm_config, pinning, prompt_lookup, admission)

@@ -93,6 +93,9 @@ class ModelServer:
                 **deployment.pinning.model_dump(),
                 replica_id=self._replica_id,
                 redis_url=redis_url,
+                offload_reload_bytes_per_s=deployment.kv_offload.reload_bytes_per_s
+                if deployment.kv_offload.enabled
+                else None,
             )
             if deployment.pinning.enabled
             else None
@@ -152,6 +155,7 @@ class ModelServer:
             self._pinning_settings,
             self._deployment.prompt_lookup,
             self._deployment.admission,
+            self._deployment.kv_offload,
             disable_log_stats=False,
         )
         # NOTE: AsyncLLM's constructor blocks until the engine process is up;

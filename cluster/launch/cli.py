@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,7 @@ def _bench(args: argparse.Namespace) -> int:
         aa=args.aa,
         order_seed=args.order_seed,
         allow_dirty=args.allow_dirty,
+        dashboards=args.dashboards,
     )
     stop_on_signals()
     try:
@@ -161,6 +163,47 @@ def _render_helm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _utc(text: str) -> datetime:
+    moment = datetime.fromisoformat(text)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _render_dashboards(args: argparse.Namespace) -> int:
+    import httpx
+
+    from cluster.launch.dashboard_render import render_dashboards
+
+    end = _utc(args.end) if args.end else datetime.now(UTC)
+    start = _utc(args.start) if args.start else end - timedelta(hours=1)
+    if start >= end:
+        _log("error: --start must come before --end")
+        return 2
+    try:
+        images = render_dashboards(args.prometheus_url, start, end, args.directory, args.step)
+    except (httpx.HTTPError, ValueError) as error:
+        _log(f"error: querying {args.prometheus_url} failed: {error}")
+        return 2
+    for image in images:
+        print(image)
+    return 0
+
+
+def _run_prometheus(args: argparse.Namespace) -> int:
+    from cluster.launch.prometheus import PrometheusServer
+    from cluster.signals import stop_on_signals
+
+    server = PrometheusServer(args.directory, args.target, args.scrape_interval, args.port)
+    stop_on_signals()
+    try:
+        server.start()
+        print(server.url, flush=True)
+        return server.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.stop()
+
+
 def _dashboards(args: argparse.Namespace) -> int:
     import httpx
 
@@ -170,6 +213,10 @@ def _dashboards(args: argparse.Namespace) -> int:
         for path in export_dashboards(args.directory):
             print(path)
         return 0
+    if args.action == "render":
+        return _render_dashboards(args)
+    if args.action == "prometheus":
+        return _run_prometheus(args)
     try:
         urls = push_dashboards(args.grafana_url, args.token, args.folder_uid)
     except httpx.HTTPError as error:
@@ -256,6 +303,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--output", type=Path, default=Path("bench/results"))
     bench.add_argument("--name", help="run name (default: time, workload and size)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bars")
+    bench.add_argument(
+        "--dashboards",
+        action="store_true",
+        help="a local Prometheus scrapes each toolserve arm while it runs, and the "
+        "dashboards are drawn over each arm's run into <run>/dashboards/ (the "
+        "scraping is work the other systems do not get: not for comparisons)",
+    )
     bench.set_defaults(run=_bench)
 
     table = commands.add_parser(
@@ -290,6 +344,25 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--grafana-url", required=True, help="e.g. http://grafana:3000")
     push.add_argument("--token", required=True, help="a service account token")
     push.add_argument("--folder-uid", help="the folder to put them in; default: General")
+    draw = actions.add_parser(
+        "render", help="draw each dashboard's panels from a Prometheus into DIR (PNG and JSON)"
+    )
+    draw.add_argument("directory", type=Path)
+    draw.add_argument("--prometheus-url", required=True, help="e.g. http://prometheus:9090")
+    draw.add_argument("--start", help="ISO time, UTC unless it says (default: an hour before --end)")
+    draw.add_argument("--end", help="ISO time, UTC unless it says (default: now)")
+    draw.add_argument("--step", type=float, default=15, help="seconds between points")
+    scrape = actions.add_parser(
+        "prometheus",
+        help="run a local Prometheus (Debian's, installed when missing) in the foreground; "
+        "it scrapes the host:port targets listed in DIR/targets.json",
+    )
+    scrape.add_argument("directory", type=Path, help="its configuration, targets and data")
+    scrape.add_argument(
+        "--target", action="append", default=[], help="host:port to scrape (repeatable)"
+    )
+    scrape.add_argument("--port", type=int, help="HTTP port (default: a free one)")
+    scrape.add_argument("--scrape-interval", type=float, default=5, help="seconds")
     dashboards.set_defaults(run=_dashboards)
 
     check = commands.add_parser("check-config", help="validate deployment profiles")

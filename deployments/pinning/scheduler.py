@@ -25,11 +25,13 @@ from cluster.openai_protocol import (
     RETAIN_FOR_ARG,
 )
 from deployments.admission.scheduler import CellBudgetMixin
+from deployments.kv_offload import kv_bytes_per_token
 from deployments.pinning.controller import Pin, PinningController
 from deployments.pinning.ledger import LedgerPublisher
 from deployments.pinning.plugin import EngineOperation
 from deployments.pinning.settings import EnginePinningSettings
 from deployments.pinning.ttl_policy import (
+    OffloadReload,
     PrefillProfile,
     RetentionHint,
     TtlCostModel,
@@ -67,6 +69,11 @@ class PinningSchedulerMixin:
             max_pinned_fraction=settings.max_pinned_fraction,
             max_tracked_programs=settings.max_tracked_programs,
         )
+        if settings.offload_reload_bytes_per_s is not None:
+            # Per worker under tensor parallelism: each GPU copies its own shard.
+            self._pinning.cost_model.offload_reload = OffloadReload(
+                kv_bytes_per_token(base.kv_cache_config), settings.offload_reload_bytes_per_s
+            )
         self._awaiting_admission: dict[str, str] = {}
         self._repriced_for: str | None = None
         self._ledger = (

@@ -19,6 +19,11 @@ class EnginePinningSettings(PinningConfig):
     redis_url: str | None = Field(
         default=None, description="Redis holding the TTL ledger; None publishes nothing."
     )
+    offload_reload_bytes_per_s: float | None = Field(
+        default=None,
+        description="With a CPU tier under the KV cache: the rate a lost pin's "
+        "context is copied back at, which the cost model prices instead of a prefill.",
+    )
 
     @classmethod
     def from_additional_config(cls, additional_config: Any) -> EnginePinningSettings | None:

@@ -7,7 +7,8 @@ program is back within τ. A program not back after the longest TTL counts as an
 infinite duration, so tools (and turns without a tool call) after which programs
 often stop get short pins or none. The bracket is what a return within the TTL saves: the
 queueing delay T a request pays when it lost its KV, scaled by how predictable
-the remaining work of programs is (η), plus re-prefilling the r-token context.
+the remaining work of programs is (η), plus re-prefilling the r-token context
+(or, with a CPU tier under the KV cache, copying it back from there).
 τ costs the KV others could have used meanwhile. Continuum charges one second
 per second held (D = 1). Here the charge is the share D of the pin's blocks that
 others' demand reaches now (`displaced_share`): a pin on memory nobody waits for
@@ -42,6 +43,18 @@ class PrefillProfile:
 
     def seconds(self, tokens: int) -> float:
         return max(0.0, self.a * tokens * tokens + self.b * tokens + self.c)
+
+
+@dataclass(frozen=True)
+class OffloadReload:
+    """Seconds to copy a context of n tokens back from a CPU tier: its KV bytes
+    over the host-to-device rate."""
+
+    bytes_per_token: float
+    bytes_per_s: float
+
+    def seconds(self, tokens: int) -> float:
+        return tokens * self.bytes_per_token / self.bytes_per_s
 
 
 @dataclass(frozen=True)
@@ -139,6 +152,7 @@ class TtlCostModel:
         self._queueing_delays: deque[float] = deque(maxlen=sample_window)
         self._program_turns: deque[int] = deque(maxlen=sample_window)
         self.prefill_profile: PrefillProfile | None = None
+        self.offload_reload: OffloadReload | None = None
 
     def observe_tool_duration(self, tool: str, seconds: float) -> None:
         """`seconds` may be math.inf: the program did not come back."""
@@ -160,7 +174,11 @@ class TtlCostModel:
         measured = memoryfulness(self._program_turns)
         return self._default_memoryfulness if measured is None else measured
 
-    def prefill_reload_s(self, context_tokens: int) -> float:
+    def reload_s(self, context_tokens: int) -> float:
+        """What a lost pin costs to rebuild: a reload from the CPU tier where
+        there is one (evicted blocks live on there), else a prefill."""
+        if self.offload_reload is not None:
+            return self.offload_reload.seconds(context_tokens)
         profile = self.prefill_profile
         return profile.seconds(context_tokens) if profile is not None else 0.0
 
@@ -194,7 +212,7 @@ class TtlCostModel:
             durations = self._durations(tool)
         if durations is None:
             return self.max_ttl_s if holding_cost <= 0 else self._fixed_ttl_s
-        benefit = self.mean_queueing_delay_s * self.memoryfulness + self.prefill_reload_s(
+        benefit = self.mean_queueing_delay_s * self.memoryfulness + self.reload_s(
             context_tokens
         )
         return best_ttl(list(durations), benefit, self.max_ttl_s, holding_cost)

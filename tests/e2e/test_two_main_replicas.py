@@ -1,6 +1,7 @@
 """Two main-model replicas behind the session router, on the real stack. The
 dashboards' queries, evaluated by a real Prometheus scraping the cluster after a
-few agent programs, all return data. Every turn of a program lands on one
+few agent programs, all return data, and `toolserve dashboards render` draws
+them from it. Every turn of a program lands on one
 replica; when that replica dies between turns, the next turn is served by the
 other, no request fails, and the dead replica's TTL-ledger entry goes away (long
 before its pin would have expired); when one dies while agents run, no turn
@@ -8,10 +9,14 @@ fails."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -22,11 +27,11 @@ import redis
 from load_agents import Agent, calculator_tool, run_agents, turns_more
 from openai import OpenAI
 from programs import cluster_program_id
-from prometheus_server import PrometheusServer
 
 from cluster.config import ToolserveConfig, load_config
 from cluster.launch.dashboards import build_dashboards, panel_queries
 from cluster.launch.launcher import Endpoints, LocalCluster
+from cluster.launch.prometheus import PrometheusServer
 from cluster.net import free_port
 from cluster.store.pins import TtlLedger
 from deployments.app import MAIN_DEPLOYMENT
@@ -121,8 +126,9 @@ def _ready_main_replicas(endpoints: Endpoints) -> list[str]:
 def test_every_dashboard_query_returns_data_on_a_real_prometheus(
     two_replicas: Endpoints, two_replica_config: ToolserveConfig, tmp_path: Path
 ) -> None:
-    prometheus = PrometheusServer(tmp_path, urlparse(two_replicas.metrics_url).netloc)
+    prometheus = PrometheusServer(tmp_path, [urlparse(two_replicas.metrics_url).netloc])
     prometheus.start()
+    started = datetime.now(UTC)
     try:
         assert _wait_for(lambda: len(_ready_main_replicas(two_replicas)) == 2, 180)
         model = two_replica_config.main.engine.served_model_name
@@ -152,6 +158,24 @@ def test_every_dashboard_query_returns_data_on_a_real_prometheus(
             empty = [query for query in queries if not prometheus.query(query[2])]
         print(f"dashboards: {len(queries) - len(empty)} of {len(queries)} queries return data")
         assert empty == [], empty
+
+        drawn = tmp_path / "drawn"
+        rendered = subprocess.run(
+            [sys.executable, "-m", "cluster.launch.cli", "dashboards", "render", str(drawn),
+             "--prometheus-url", prometheus.url, "--start", started.isoformat(), "--step", "5"],
+            capture_output=True, text=True, timeout=300,
+        )
+        assert rendered.returncode == 0, rendered.stderr
+        assert sorted(path.name for path in drawn.glob("*.png")) == sorted(
+            f"{uid}.png" for uid in build_dashboards()
+        )
+        answered = [
+            answer
+            for uid in build_dashboards()
+            for answer in json.loads((drawn / f"{uid}.json").read_text())["queries"]
+        ]
+        assert len(answered) == len(queries)
+        assert [answer["expr"] for answer in answered if not answer["result"]] == []
     finally:
         prometheus.stop()
 

@@ -3,6 +3,7 @@ import math
 import pytest
 
 from deployments.pinning.ttl_policy import (
+    OffloadReload,
     PrefillProfile,
     TtlCostModel,
     best_ttl,
@@ -159,6 +160,19 @@ def test_cost_model_uses_queueing_delay_memoryfulness_and_prefill() -> None:
     for turns in MEMORYLESS_PROGRAMS:
         ttl_model.observe_program_completed(turns)
     assert ttl_model.ttl("build", 100) == 0.0
+
+
+def test_a_cpu_tier_prices_a_lost_pin_at_its_reload_not_a_prefill() -> None:
+    ttl_model = model(sample_window=4)
+    for duration in [1.0, 1.0, 20.0, 20.0]:
+        ttl_model.observe_tool_duration("build", duration)
+    ttl_model.prefill_profile = PrefillProfile(0.0, 0.01, 0.0)
+    # Prefill of 10,000 tokens: 100 s, worth holding for the slow returns.
+    assert ttl_model.ttl("build", 10_000) == 20.0
+    # 100 kB per token at 10 GB/s: 0.1 s, not worth any wait.
+    ttl_model.offload_reload = OffloadReload(bytes_per_token=100_000, bytes_per_s=10e9)
+    assert ttl_model.reload_s(10_000) == pytest.approx(0.1)
+    assert ttl_model.ttl("build", 10_000) == 0.0
 
 
 def test_fixed_mode_ignores_samples() -> None:

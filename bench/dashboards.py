@@ -1,0 +1,86 @@
+"""`toolserve bench --dashboards`: a local Prometheus (`toolserve dashboards
+prometheus`) scrapes each toolserve arm while it runs, and `toolserve dashboards
+render` draws the dashboards over the arm's run, as a user would with the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+
+from cluster.net import free_port
+
+_SCRAPE_INTERVAL_S = 5
+_CLI = [sys.executable, "-m", "cluster.launch.cli", "dashboards"]
+
+
+class DashboardCapture:
+    def __init__(self, run_dir: Path, log: Callable[[str], None]):
+        self._work_dir = run_dir / "prometheus"
+        self._drawn_dir = run_dir / "dashboards"
+        self._log = log
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self._work_dir.mkdir(parents=True, exist_ok=True)
+        port = urlparse(self.url).port
+        self._process = subprocess.Popen(
+            [*_CLI, "prometheus", str(self._work_dir), "--port", str(port),
+             "--scrape-interval", str(_SCRAPE_INTERVAL_S)],
+            stdout=subprocess.DEVNULL,
+            stderr=(self._work_dir / "command.log").open("wb"),
+        )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200:
+                    self._log(f"bench: dashboards: Prometheus at {self.url}")
+                    return
+            except httpx.HTTPError:
+                pass
+            if self._process.poll() is not None:
+                break
+            time.sleep(1)
+        raise RuntimeError(f"Prometheus did not start; see {self._work_dir}/command.log")
+
+    def watch(self, metrics_url: str | None, label: str = "") -> None:
+        """Scrape this arm's metrics endpoint from now on (None: nothing)."""
+        groups = (
+            [{"targets": [urlparse(metrics_url).netloc], "labels": {"arm": label}}]
+            if metrics_url
+            else []
+        )
+        staged = self._work_dir / "targets.tmp"
+        staged.write_text(json.dumps(groups) + "\n")
+        staged.replace(self._work_dir / "targets.json")
+
+    def draw(self, tag: str, start: datetime, end: datetime) -> None:
+        """The dashboards over [start, end] into dashboards/<tag>/; a failure is
+        logged, the run goes on."""
+        time.sleep(2 * _SCRAPE_INTERVAL_S)
+        drawn = subprocess.run(
+            [*_CLI, "render", str(self._drawn_dir / tag), "--prometheus-url", self.url,
+             "--start", start.isoformat(), "--end", end.isoformat(), "--step", "5"],
+            capture_output=True,
+            text=True,
+        )
+        if drawn.returncode != 0:
+            self._log(f"bench: dashboards of {tag} not drawn: {drawn.stderr.strip()[-300:]}")
+        else:
+            self._log(f"bench: dashboards of {tag} in {self._drawn_dir / tag}")
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
