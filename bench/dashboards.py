@@ -33,8 +33,15 @@ class DashboardCapture:
         self._work_dir.mkdir(parents=True, exist_ok=True)
         port = urlparse(self.url).port
         self._process = subprocess.Popen(
-            [*_CLI, "prometheus", str(self._work_dir), "--port", str(port),
-             "--scrape-interval", str(_SCRAPE_INTERVAL_S)],
+            [
+                *_CLI,
+                "prometheus",
+                str(self._work_dir),
+                "--port",
+                str(port),
+                "--scrape-interval",
+                str(_SCRAPE_INTERVAL_S),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=(self._work_dir / "command.log").open("wb"),
         )
@@ -67,8 +74,19 @@ class DashboardCapture:
         logged, the run goes on."""
         time.sleep(2 * _SCRAPE_INTERVAL_S)
         drawn = subprocess.run(
-            [*_CLI, "render", str(self._drawn_dir / tag), "--prometheus-url", self.url,
-             "--start", start.isoformat(), "--end", end.isoformat(), "--step", "5"],
+            [
+                *_CLI,
+                "render",
+                str(self._drawn_dir / tag),
+                "--prometheus-url",
+                self.url,
+                "--start",
+                start.isoformat(),
+                "--end",
+                end.isoformat(),
+                "--step",
+                "5",
+            ],
             capture_output=True,
             text=True,
         )

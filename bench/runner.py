@@ -223,7 +223,9 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
         for round_index, order in enumerate(orders):
             for label in order:
                 if not note_code_state(provenance, REPO_ROOT, options.output_dir):
-                    log("bench: WARNING: the code changed since the run started; the report says so")
+                    log(
+                        "bench: WARNING: the code changed since the run started; the report says so"
+                    )
                 arm_run = _run_arm(
                     options, plan, label, round_index, setups[label], run_dir, runs, log, capture
                 )

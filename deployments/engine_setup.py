@@ -5,6 +5,7 @@ EngineCore process."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from cluster.config import AdmissionConfig, KvOffloadConfig, PromptLookupConfig
@@ -34,6 +35,9 @@ def create_engine_config(
     lookup_kwargs = (
         prompt_lookup_settings.engine_kwargs(prompt_lookup) if prompt_lookup is not None else {}
     )
+    if prompt_lookup is not None:
+        # The engine's processes, started after this, inherit it.
+        os.environ.update(prompt_lookup_settings.process_environment(prompt_lookup))
     admission_kwargs = admission_settings.engine_kwargs(admission) if admission is not None else {}
     additional_config = (
         pinning_kwargs.pop("additional_config", {})

@@ -34,7 +34,8 @@ def kv_bytes_per_token(kv_cache_config: Any) -> float:
     (each group's layers share one spec; a page holds `block_size` tokens of one layer)."""
     return float(
         sum(
-            len(group.layer_names) * group.kv_cache_spec.page_size_bytes
+            len(group.layer_names)
+            * group.kv_cache_spec.page_size_bytes
             / group.kv_cache_spec.block_size
             for group in kv_cache_config.kv_cache_groups
         )

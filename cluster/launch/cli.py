@@ -349,7 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     draw.add_argument("directory", type=Path)
     draw.add_argument("--prometheus-url", required=True, help="e.g. http://prometheus:9090")
-    draw.add_argument("--start", help="ISO time, UTC unless it says (default: an hour before --end)")
+    draw.add_argument(
+        "--start", help="ISO time, UTC unless it says (default: an hour before --end)"
+    )
     draw.add_argument("--end", help="ISO time, UTC unless it says (default: now)")
     draw.add_argument("--step", type=float, default=15, help="seconds between points")
     scrape = actions.add_parser(

@@ -45,7 +45,9 @@ def query_range(
     return list(body["data"]["result"])
 
 
-def _draw_panel(axes: Any, spec: PanelSpec, series: list[tuple[str, list[Any]]], start: datetime) -> None:
+def _draw_panel(
+    axes: Any, spec: PanelSpec, series: list[tuple[str, list[Any]]], start: datetime
+) -> None:
     axes.set_title(spec.title, fontsize=9)
     axes.set_ylabel(spec.unit, fontsize=8)
     axes.tick_params(labelsize=7)
@@ -103,8 +105,13 @@ def render_dashboards(
         plt.close(figure)
         (directory / f"{uid}.json").write_text(
             json.dumps(
-                {"prometheus": prometheus_url, "start": start.isoformat(), "end": end.isoformat(),
-                 "step_s": step_s, "queries": answers},
+                {
+                    "prometheus": prometheus_url,
+                    "start": start.isoformat(),
+                    "end": end.isoformat(),
+                    "step_s": step_s,
+                    "queries": answers,
+                },
                 indent=1,
             )
             + "\n"

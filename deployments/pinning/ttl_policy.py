@@ -212,7 +212,5 @@ class TtlCostModel:
             durations = self._durations(tool)
         if durations is None:
             return self.max_ttl_s if holding_cost <= 0 else self._fixed_ttl_s
-        benefit = self.mean_queueing_delay_s * self.memoryfulness + self.reload_s(
-            context_tokens
-        )
+        benefit = self.mean_queueing_delay_s * self.memoryfulness + self.reload_s(context_tokens)
         return best_ttl(list(durations), benefit, self.max_ttl_s, holding_cost)

@@ -31,3 +31,16 @@ def engine_kwargs(config: PromptLookupConfig) -> dict[str, Any]:
         },
         "additional_config": carried(ADDITIONAL_CONFIG_KEY, config),
     }
+
+
+def process_environment(config: PromptLookupConfig) -> dict[str, str]:
+    """Environment the engine's processes need for n-gram drafts."""
+    if not config.enabled:
+        return {}
+    # vLLM's n-gram proposer is a numba `parallel=True` function. Without TBB,
+    # numba's first parallel call starts its OpenMP layer in the worker, which
+    # sets the process's OpenMP thread count to numba's default there (1: the
+    # worker's main thread is pinned to one core), and torch's kernels share
+    # that libgomp: every forward pass after the first draft ran on one thread.
+    # numba's own thread pool leaves OpenMP alone.
+    return {"NUMBA_THREADING_LAYER": "workqueue"}

@@ -161,9 +161,23 @@ def test_every_dashboard_query_returns_data_on_a_real_prometheus(
 
         drawn = tmp_path / "drawn"
         rendered = subprocess.run(
-            [sys.executable, "-m", "cluster.launch.cli", "dashboards", "render", str(drawn),
-             "--prometheus-url", prometheus.url, "--start", started.isoformat(), "--step", "5"],
-            capture_output=True, text=True, timeout=300,
+            [
+                sys.executable,
+                "-m",
+                "cluster.launch.cli",
+                "dashboards",
+                "render",
+                str(drawn),
+                "--prometheus-url",
+                prometheus.url,
+                "--start",
+                started.isoformat(),
+                "--step",
+                "5",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert rendered.returncode == 0, rendered.stderr
         assert sorted(path.name for path in drawn.glob("*.png")) == sorted(

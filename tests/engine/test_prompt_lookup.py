@@ -29,10 +29,20 @@ def _prompts() -> list[list[int]]:
     return [tokens(24, seed) * 6 for seed in range(4)]
 
 
+def _worker_torch_threads(_worker: Any = None) -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def _run(
-    loop: asyncio.AbstractEventLoop, cache_dir: Path, prompt_lookup: PromptLookupConfig | None
+    loop: asyncio.AbstractEventLoop,
+    cache_dir: Path,
+    prompt_lookup: PromptLookupConfig | None,
+    threads_seen: list[int] | None = None,
 ) -> tuple[list[list[int]], dict[str, Any] | None]:
-    """Greedy outputs of the prompts, and the gate's stats when it runs."""
+    """Greedy outputs of the prompts, and the gate's stats when it runs; with
+    `threads_seen`, the worker's torch threads before and after them."""
     from vllm import SamplingParams
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -47,6 +57,8 @@ def _run(
     async def scenario() -> tuple[list[list[int]], dict[str, Any] | None]:
         engine = AsyncLLM.from_vllm_config(vllm_config)
         try:
+            if threads_seen is not None:
+                threads_seen.extend(await engine.collective_rpc(_worker_torch_threads))
 
             async def complete(prompt: list[int]) -> list[int]:
                 final = None
@@ -60,6 +72,8 @@ def _run(
                 return list(final.outputs[0].token_ids)
 
             outputs = list(await asyncio.gather(*(complete(p) for p in _prompts())))
+            if threads_seen is not None:
+                threads_seen.extend(await engine.collective_rpc(_worker_torch_threads))
             stats = (
                 await engine.engine_core.call_utility_async(PROMPT_LOOKUP_STATS_METHOD)
                 if prompt_lookup is not None
@@ -99,3 +113,22 @@ def test_past_the_concurrency_cap_nothing_is_drafted(
     assert stats is not None
     assert stats["regions"]["prose"]["drafted"] == 0, stats
     assert stats["capped_steps"] > 0
+
+
+def test_drafting_leaves_the_models_threads_alone(
+    event_loop_runner: asyncio.AbstractEventLoop,
+    cache_dir: Path,
+    plain_outputs: list[list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Bound to every core, as replicas are: vLLM's n-gram proposer (numba) must
+    not leave the worker's torch kernels on one thread after the first draft."""
+    cores = os.cpu_count() or 1
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}")
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # a function over collective_rpc
+    threads_seen: list[int] = []
+    config = PromptLookupConfig(enabled=True, window=4, prose_floor=4, max_decoders=8)
+    outputs, stats = _run(event_loop_runner, cache_dir, config, threads_seen)
+    assert outputs == plain_outputs
+    assert stats is not None and stats["regions"]["prose"]["drafted"] > 0, stats
+    assert threads_seen == [cores, cores]

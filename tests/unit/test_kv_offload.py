@@ -12,7 +12,6 @@ from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
-    KVCacheTensor,
 )
 
 from cluster.config import KvOffloadConfig, ModelDeploymentConfig, load_config
@@ -38,7 +37,9 @@ def test_offload_builds_vllms_lmcache_connector_config() -> None:
     assert transfer.get_from_extra_config("lmcache.max_local_cpu_size", None) == 40
     assert transfer.get_from_extra_config("lmcache.chunk_size", None) == 512
     assert transfer.get_from_extra_config("lmcache.save_decode_cache", None) is True
-    engine_args = AsyncEngineArgs(model="meta-llama/Llama-3.1-8B-Instruct", kv_transfer_config=transfer)
+    engine_args = AsyncEngineArgs(
+        model="meta-llama/Llama-3.1-8B-Instruct", kv_transfer_config=transfer
+    )
     assert engine_args.kv_transfer_config is transfer
 
 
@@ -72,7 +73,7 @@ def test_kv_bytes_per_token_from_vllms_kv_layout() -> None:
     layers = [f"model.layers.{index}.self_attn.attn" for index in range(32)]
     kv_cache_config = KVCacheConfig(
         num_blocks=1000,
-        kv_cache_tensors=[KVCacheTensor(size=spec.page_size_bytes * 1000, shared_by=layers)],
+        kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(layer_names=layers, kv_cache_spec=spec)],
     )
     assert kv_bytes_per_token(kv_cache_config) == 32 * 8 * 2 * 128 * 2
