@@ -31,6 +31,7 @@ class DashboardCapture:
 
     def start(self) -> None:
         self._work_dir.mkdir(parents=True, exist_ok=True)
+        self._command_log = (self._work_dir / "command.log").open("wb")
         port = urlparse(self.url).port
         self._process = subprocess.Popen(
             [
@@ -43,7 +44,7 @@ class DashboardCapture:
                 str(_SCRAPE_INTERVAL_S),
             ],
             stdout=subprocess.DEVNULL,
-            stderr=(self._work_dir / "command.log").open("wb"),
+            stderr=self._command_log,
         )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -102,3 +103,4 @@ class DashboardCapture:
                 self._process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self._process.kill()
+            self._command_log.close()
