@@ -93,8 +93,17 @@ class DashboardCapture:
         )
         if drawn.returncode != 0:
             self._log(f"bench: dashboards of {tag} not drawn: {drawn.stderr.strip()[-300:]}")
-        else:
-            self._log(f"bench: dashboards of {tag} in {self._drawn_dir / tag}")
+            return
+        answers = [
+            answer
+            for path in sorted((self._drawn_dir / tag).glob("*.json"))
+            for answer in json.loads(path.read_text())["queries"]
+        ]
+        filled = sum(bool(answer["result"]) for answer in answers)
+        self._log(
+            f"bench: dashboards of {tag} in {self._drawn_dir / tag}: "
+            f"{filled} of {len(answers)} queries returned data"
+        )
 
     def stop(self) -> None:
         if self._process is not None:

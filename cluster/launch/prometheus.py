@@ -42,7 +42,8 @@ class PrometheusServer:
         config.write_text(
             f"global:\n  scrape_interval: {self.scrape_interval_s:g}s\n"
             "scrape_configs:\n  - job_name: toolserve\n"
-            f"    file_sd_configs:\n      - files: ['{self._targets_file}']\n"
+            # Prometheus reads a relative path from the configuration's folder.
+            f"    file_sd_configs:\n      - files: ['{self._targets_file.resolve()}']\n"
         )
         port = self._port or free_port()
         self.url = f"http://127.0.0.1:{port}"
