@@ -216,6 +216,46 @@ DASHBOARDS: dict[str, tuple[str, tuple[PanelSpec, ...]]] = {
                     ),
                 ),
             ),
+            PanelSpec(
+                "Speculations issued and used by source",
+                "ops",
+                (
+                    Query(
+                        "sum by (source) (rate(ray_toolserve_speculations_issued_total[5m]))",
+                        "issued {{source}}",
+                    ),
+                    Query(
+                        "sum by (source) (rate(ray_toolserve_speculations_used_total[5m]))",
+                        "used {{source}}",
+                    ),
+                ),
+                "Used: the turn then made the predicted call. Issued less used were wasted.",
+            ),
+            PanelSpec(
+                "Tool time saved by origin",
+                "s",
+                (
+                    Query(
+                        "sum by (origin) (rate(ray_toolserve_tool_time_saved_s_sum[5m]))",
+                        "{{origin}}",
+                    ),
+                ),
+                "Seconds per second of tool time the model's calls did not wait for, "
+                "because a speculation (or the client) had produced the result.",
+            ),
+            PanelSpec(
+                "Partial execution: tool time overlapped with decoding (p50)",
+                "s",
+                (
+                    Query(
+                        "histogram_quantile(0.5, sum by (le, tool) "
+                        "(rate(ray_toolserve_tool_partial_overlap_s_bucket[15m])))",
+                        "{{tool}}",
+                    ),
+                ),
+                "Per call run on partial input: tool time spent while the model was "
+                "still writing the call.",
+            ),
         ),
     ),
     "toolserve-routing": (

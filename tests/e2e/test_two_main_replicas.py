@@ -10,10 +10,12 @@ fails."""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -24,7 +26,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 import redis
-from load_agents import Agent, calculator_tool, run_agents, turns_more
+from load_agents import API_KEY, AUTH, Agent, calculator_tool, run_agents, turns_more
 from openai import OpenAI
 from programs import cluster_program_id
 
@@ -123,6 +125,44 @@ def _ready_main_replicas(endpoints: Endpoints) -> list[str]:
     ]
 
 
+def _speculate_then_search(endpoints: Endpoints, model: str) -> None:
+    """What the tools dashboard's speculation and partial-execution panels show:
+    two turns that hand a calculator call back teach the learned predictor, so
+    the same turn run by the server speculates the call, uses it and saves the
+    model's call its run; a streamed search call runs on its partial input."""
+    client = OpenAI(base_url=endpoints.api_base, api_key=API_KEY, max_retries=0, timeout=180)
+    agent = uuid.uuid4().hex[:8]
+    messages = [
+        {"role": "system", "content": f"You are calculator agent {agent}."},
+        {"role": "user", "content": f"What is {random.randint(1000, 9999)} times 17?"},
+    ]
+    for run_here in (False, False, True):
+        client.chat.completions.create(
+            model=model,
+            messages=messages,  # type: ignore[arg-type]
+            tools=[calculator_tool(endpoints)],
+            tool_choice={"type": "function", "function": {"name": "calculator"}},
+            temperature=0,
+            max_tokens=48,
+            extra_headers={SESSION_HEADER: f"speculation-{agent}-{uuid.uuid4().hex[:6]}"},
+            extra_body={"toolserve": {"execute_tools": run_here}},
+        )
+    listed = httpx.get(f"{endpoints.api_base}/tools", headers=AUTH, timeout=30).json()["data"]
+    search = [tool for tool in listed if tool["function"]["name"] == "search"]
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Search the notes for how KV pinning works."}],
+        tools=search,
+        tool_choice="required",
+        temperature=0,
+        max_tokens=128,
+        stream=True,
+        extra_headers={SESSION_HEADER: f"partial-{agent}"},
+    )
+    for _ in stream:
+        pass
+
+
 def test_every_dashboard_query_returns_data_on_a_real_prometheus(
     two_replicas: Endpoints, two_replica_config: ToolserveConfig, tmp_path: Path
 ) -> None:
@@ -139,6 +179,7 @@ def test_every_dashboard_query_returns_data_on_a_real_prometheus(
         agents[1].addend = agents[0].addend  # the same sums: hosted calls the cache answers
         assert set(run_agents(agents, turns_more(agents, 4))) == {"ok"}
         assert all(agent.end(two_replicas) == 200 for agent in agents)
+        _speculate_then_search(two_replicas, model)
         unknown = httpx.post(
             f"{two_replicas.api_base}/chat/completions",
             json={"model": "no-such-model", "messages": [{"role": "user", "content": "Hi"}]},
