@@ -13,10 +13,6 @@ from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlparse
 
-import httpx
-
-from cluster.net import free_port
-
 _SCRAPE_INTERVAL_S = 5
 _CLI = [sys.executable, "-m", "cluster.launch.cli", "dashboards"]
 
@@ -26,38 +22,30 @@ class DashboardCapture:
         self._work_dir = run_dir / "prometheus"
         self._drawn_dir = run_dir / "dashboards"
         self._log = log
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self._process: subprocess.Popen[bytes] | None = None
+        self.url = ""
+        self._process: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
+        """The command prints Prometheus's URL once it is ready (or exits)."""
         self._work_dir.mkdir(parents=True, exist_ok=True)
         self._command_log = (self._work_dir / "command.log").open("wb")
-        port = urlparse(self.url).port
         self._process = subprocess.Popen(
             [
                 *_CLI,
                 "prometheus",
                 str(self._work_dir),
-                "--port",
-                str(port),
                 "--scrape-interval",
                 str(_SCRAPE_INTERVAL_S),
             ],
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=self._command_log,
+            text=True,
         )
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200:
-                    self._log(f"bench: dashboards: Prometheus at {self.url}")
-                    return
-            except httpx.HTTPError:
-                pass
-            if self._process.poll() is not None:
-                break
-            time.sleep(1)
-        raise RuntimeError(f"Prometheus did not start; see {self._work_dir}/command.log")
+        assert self._process.stdout is not None
+        self.url = self._process.stdout.readline().strip()
+        if not self.url.startswith("http"):
+            raise RuntimeError(f"Prometheus did not start; see {self._work_dir}/command.log")
+        self._log(f"bench: dashboards: Prometheus at {self.url}")
 
     def watch(self, metrics_url: str | None, label: str = "") -> None:
         """Scrape this arm's metrics endpoint from now on (None: nothing)."""

@@ -1,12 +1,14 @@
 """A local Prometheus (Debian's package, installed when missing) for the
 dashboards: it scrapes the targets listed in `<work_dir>/targets.json`
 (Prometheus's file-based discovery, so the list may change while it runs).
-`toolserve dashboards prometheus DIR` runs one in the foreground."""
+`toolserve dashboards prometheus DIR` runs one in the foreground and prints
+its URL, alone on stdout, once it is ready."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,7 +37,9 @@ class PrometheusServer:
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        binary = binary_or_install("prometheus", "prometheus", print)
+        binary = binary_or_install(
+            "prometheus", "prometheus", lambda line: print(line, file=sys.stderr)
+        )
         self._work_dir.mkdir(parents=True, exist_ok=True)
         self.set_targets(self._initial_targets)
         config = self._work_dir / "prometheus.yml"
