@@ -241,6 +241,15 @@ def _check_messages(messages: Any) -> None:
                     f"{param} has role 'tool' but no tool_call_id", f"{param}.tool_call_id"
                 )
             )
+        tool_calls = message.get("tool_calls")
+        if tool_calls is not None and not (
+            isinstance(tool_calls, list) and all(isinstance(call, dict) for call in tool_calls)
+        ):
+            raise RequestRejected(
+                invalid_request(
+                    f"{param}.tool_calls must be an array of objects", f"{param}.tool_calls"
+                )
+            )
 
 
 @dataclass(frozen=True)
@@ -301,7 +310,8 @@ def parse_chat_body(
         raise RequestRejected(invalid_request(_validation_message(error))) from error
     except RecursionError as error:
         raise RequestRejected(invalid_request("Request nested too deeply")) from error
-    except (ValueError, VLLMClientError) as error:
+    except (ValueError, TypeError, VLLMClientError) as error:
+        # vLLM's own before-validators assume shapes the schema has not checked yet
         raise RequestRejected(invalid_request(f"Invalid request: {error}")) from error
     return ParsedChat(body, request, options, hints)
 

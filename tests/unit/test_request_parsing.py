@@ -61,6 +61,24 @@ def test_model_may_be_omitted() -> None:
             "invalid_request",
             "tool_call_id",
         ),
+        (
+            _chat(messages=[{"role": "assistant", "tool_calls": 6.1e-119}]),
+            400,
+            "invalid_request",
+            "tool_calls must be an array of objects",
+        ),
+        (
+            _chat(messages=[{"role": "assistant", "tool_calls": "call"}]),
+            400,
+            "invalid_request",
+            "tool_calls must be an array of objects",
+        ),
+        (
+            _chat(messages=[{"role": "assistant", "tool_calls": [7]}]),
+            400,
+            "invalid_request",
+            "tool_calls must be an array of objects",
+        ),
         (_chat(tools=[{"type": "function", "function": {}}]), 400, "invalid_request", "name"),
         (
             _chat(
