@@ -846,6 +846,14 @@ class ContinuationConfig(_Strict):
         "the call (streamed turns; needs Redis, which carries the parts to the tool "
         "worker). Off, or without Redis: the call runs once the turn has ended.",
     )
+    stop_invalid_calls: bool = Field(
+        default=True,
+        description="Stop decoding a streamed round at the first call that can never be "
+        "valid (a tool the request does not declare; an argument the tool's schema "
+        "rejects, checked as each argument closes) when the server would answer the "
+        "call, and answer it with the reason instead, so the model writes it again in "
+        "the next round. A request can set it (`toolserve.stop_invalid_calls`).",
+    )
 
 
 class SpeculationConfig(_Strict):

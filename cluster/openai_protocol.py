@@ -132,3 +132,7 @@ class ToolCallDeltas:
             ModelToolCall(call.id, call.name, call.arguments)
             for _, call in sorted(self._pending.items())
         ]
+
+    def drop_from(self, index: int) -> None:
+        """Forgets the call `index` and every later one."""
+        self._pending = {at: call for at, call in self._pending.items() if at < index}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -35,8 +36,17 @@ from cluster.openai_protocol import (
     with_executed_messages,
 )
 from deployments.errors import ApiError
+from toolworkers.call_stream import (
+    ArgumentCompleted,
+    CallEvent,
+    CallStarted,
+    ToolCallDeltaParser,
+)
+from toolworkers.call_validation import CallRejected, CallValidator
 
 if TYPE_CHECKING:
+    from ray.serve.metrics import Counter
+
     from toolworkers.execution import ToolExecutor
     from toolworkers.partial_execution import PartialExecution
 
@@ -58,6 +68,14 @@ class TurnContext:
     wants_calls: bool = False
     """A streamed reply ends with a `ReplyTail` of its calls (the ingress is settling
     a speculation against them); otherwise nobody reads them."""
+    stop_invalid_calls: bool | None = None
+    """The request's own choice; None: the deployment's."""
+
+
+def stops_invalid_calls(turn: TurnContext, config: ContinuationConfig) -> bool:
+    """Does the turn's continuation stop a call as soon as it cannot be valid?"""
+    chosen = turn.stop_invalid_calls
+    return config.stop_invalid_calls if chosen is None else chosen
 
 
 def continuation_possible(tools: Sequence[Any] | None, n: int | None, tool_choice: Any) -> bool:
@@ -166,6 +184,9 @@ class StreamRound:
     tool-call deltas, the finish chunk, usage and `[DONE]` held back."""
 
     response_id: str
+    keep_chunk_usage: bool = True
+    """False: the engine reports usage in every chunk for the round's own
+    accounting (a round stopped early has no final usage), not for the client."""
     content: str = ""
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
@@ -188,6 +209,8 @@ class StreamRound:
             if not data.get("choices"):
                 self.usage = data.get("usage") or self.usage
                 continue
+            chunk_usage = data.get("usage") if self.keep_chunk_usage else data.pop("usage", None)
+            self.usage = chunk_usage or self.usage
             if self._take(data):
                 forward.append(sse_event(data))
         return forward
@@ -216,6 +239,13 @@ class StreamRound:
         fragments, self._new_call_fragments = self._new_call_fragments, []
         return fragments
 
+    def stopped_at(self, index: int) -> None:
+        """The round was stopped while the model wrote call `index`: the calls before
+        it stand, and the round finishes as a reply that made them (or none)."""
+        self._calls.drop_from(index)
+        self.finish_reason = "tool_calls" if self._calls else "stop"
+        self._finish_chunk = self._chunk({}, self.finish_reason)
+
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
         base = dict(self._template or {"id": self.response_id, "object": "chat.completion.chunk"})
         return base | {"choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
@@ -243,6 +273,84 @@ class StreamRound:
             )
         chunks.append(SSE_DONE)
         return chunks
+
+
+class RoundCalls:
+    """One streamed round's `delta.tool_calls` fragments, read once for every
+    consumer: the round's partial runs get the call events, and the validator
+    stops the round at the first call that can never be valid, when the server
+    would answer it (a hosted tool's call, or a tool the request does not
+    declare) and every call before it. A declared client tool's call is the
+    client's to judge."""
+
+    def __init__(
+        self,
+        partial: PartialExecution | None,
+        validator: CallValidator | None,
+        client_tools: set[str],
+    ):
+        self._parser = ToolCallDeltaParser()
+        self._partial = partial
+        self._validator = validator
+        self._client_tools = client_tools
+        self._names: dict[int, str] = {}
+        self._arguments: dict[int, dict[str, Any]] = {}
+        self.rejected: CallRejected | None = None
+
+    async def feed(self, fragments: list[dict[str, Any]]) -> bool:
+        """The round's next fragments; True: stop the round (see `rejected`)."""
+        if fragments:
+            await self._handle(self._parser.feed(fragments))
+        return self.rejected is not None
+
+    async def end(self) -> None:
+        """The round's stream ended."""
+        await self._handle(self._parser.finish())
+
+    async def _handle(self, events: list[CallEvent]) -> None:
+        if self._partial is not None:
+            await self._partial.handle(events)
+        if self._validator is None or self.rejected is not None:
+            return
+        for event in events:
+            if isinstance(event, CallStarted):
+                self._names[event.index] = event.name
+            elif isinstance(event, ArgumentCompleted):
+                self._arguments.setdefault(event.index, {})[event.name] = event.value
+            rejection = self._validator.check(event)
+            if rejection is not None and self._server_answers(rejection.index):
+                self.rejected = rejection
+                return
+
+    def through_rejected(self, calls: list[ModelToolCall]) -> list[ModelToolCall]:
+        """The round's calls up to the rejected one, which keeps the arguments
+        whose values were written whole (its text is cut inside its object)."""
+        assert self.rejected is not None
+        stopped = calls[self.rejected.index]
+        written = json.dumps(self._arguments.get(self.rejected.index, {}))
+        return [*calls[: self.rejected.index], ModelToolCall(stopped.id, stopped.name, written)]
+
+    def _server_answers(self, through: int) -> bool:
+        return all(self._names.get(index) not in self._client_tools for index in range(through + 1))
+
+
+@functools.cache
+def _stopped_calls() -> Counter:
+    from ray.serve.metrics import Counter
+
+    return Counter(
+        "toolserve_tool_calls_stopped",
+        description="Streamed calls whose decoding was stopped as soon as they could no "
+        "longer be valid, by reason; the model was told why and wrote the call again.",
+        tag_keys=("reason",),
+    )
+
+
+async def _close(stream: AsyncIterator[str]) -> None:
+    """Stops reading a round: closing vLLM's stream aborts its request."""
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        await close()
 
 
 CreateCompletion = Callable[[dict[str, Any]], Awaitable[Any]]
@@ -313,36 +421,54 @@ class Continuation:
         return with_executed_messages(reply, executed)
 
     async def stream(
-        self, stream: AsyncIterator[str], client_wants_usage: bool
+        self,
+        stream: AsyncIterator[str],
+        client_wants_usage: bool,
+        client_wants_chunk_usage: bool = False,
     ) -> AsyncIterator[str]:
-        """The streamed reply's SSE chunks, given the first round's."""
+        """The streamed reply's SSE chunks, given the first round's. With
+        `stops_invalid_calls`, the engine's chunks carry usage; the client sees it
+        there only if it asked (`client_wants_chunk_usage`)."""
         response_id = f"chatcmpl-{self._body['request_id']}"
         usage: dict[str, Any] | None = None
         executed: list[dict[str, Any]] = []
         round_index = 1
         while True:
-            current = StreamRound(response_id)
+            current = StreamRound(response_id, keep_chunk_usage=client_wants_chunk_usage)
             partial = self._partial_execution()
+            validator = self._validator(round_index)
+            watch = (
+                RoundCalls(partial, validator, self._client_tools())
+                if partial is not None or validator is not None
+                else None
+            )
+            rejected = None
             try:
                 async for chunk in stream:
                     for forwarded in current.feed(chunk):
                         yield forwarded
-                    if partial is not None:
-                        await partial.feed(current.take_call_fragments())
-                if partial is not None:
-                    await partial.end()
+                    if watch is not None and await watch.feed(current.take_call_fragments()):
+                        await _close(stream)
+                        break
+                if watch is not None:
+                    rejected = watch.rejected
+                    if rejected is None:
+                        await watch.end()
                 usage = summed_usage(usage, current.usage)
                 calls = current.tool_calls
+                if rejected is not None and watch is not None:
+                    _stopped_calls().inc(tags={"reason": rejected.kind.value})
+                    calls = watch.through_rejected(calls)
                 if self._turn_ended is not None:
                     self._turn_ended(calls[0].name if calls else None)
                 following = None
                 if (
                     not current.failed
-                    and calls_complete(current.finish_reason)
+                    and (rejected is not None or calls_complete(current.finish_reason))
                     and calls
                     and round_index <= self._config.max_rounds
                 ):
-                    outputs = await self._answer_calls(calls, partial)
+                    outputs = await self._answer_calls(calls, partial, rejected)
                     if outputs is not None:
                         messages = round_messages(current.content, calls, outputs)
                         following = next_round_body(
@@ -356,19 +482,40 @@ class Continuation:
                     await partial.abandon()
             if following is not None:
                 result = await self._create(following)
-                if isinstance(result, ApiError):
-                    logger.warning("continuation stopped: %s", result.message)
-                else:
+                if not isinstance(result, ApiError):
                     executed += messages
                     self.calls_made += calls
                     yield current.executed_chunk(messages)
                     stream = result
                     round_index += 1
                     continue
+                logger.warning("continuation stopped: %s", result.message)
+            if rejected is not None:
+                current.stopped_at(rejected.index)
+                calls = current.tool_calls
             self.calls_made += calls
             for closing in current.closing_chunks(usage if client_wants_usage else None):
                 yield closing
             return
+
+    def _validator(self, round_index: int) -> CallValidator | None:
+        """The round's validator: none once no further round may follow, where a
+        stopped call could not be written again."""
+        if (
+            not stops_invalid_calls(self._turn, self._config)
+            or round_index > self._config.max_rounds
+        ):
+            return None
+        return CallValidator(self._body["tools"])
+
+    def _client_tools(self) -> set[str]:
+        hosted = self._hosted_names()
+        declared = {
+            tool["function"]["name"]
+            for tool in self._body["tools"]
+            if isinstance(tool, dict) and isinstance(tool.get("function"), dict)
+        }
+        return {name for name in declared if name not in hosted}
 
     def _hosted_names(self) -> set[str]:
         return declared_hosted_tools(self._body["tools"], self._tools.registry.openai_schemas())
@@ -385,18 +532,27 @@ class Continuation:
         return PartialExecution(self._tools, hosted)
 
     async def _answer_calls(
-        self, calls: list[ModelToolCall], partial: PartialExecution | None = None
+        self,
+        calls: list[ModelToolCall],
+        partial: PartialExecution | None = None,
+        rejected: CallRejected | None = None,
     ) -> list[str] | None:
         """Tool messages for every call, or None when any must go to the client.
         Client tools are checked first, so no hosted tool runs for a round that
         goes back to the client anyway (a partial run already started is then
-        abandoned: partial-input tools keep their effects inside their sandbox)."""
+        abandoned: partial-input tools keep their effects inside their sandbox).
+        A `rejected` call is answered with the reason it was stopped."""
         tools = self._tools
         program_id = str(self._body.get("session_id") or "")
         hosted_names = self._hosted_names()
-        is_hosted = [call.name in hosted_names for call in calls]
+        is_hosted = [
+            call.name in hosted_names or (rejected is not None and index == rejected.index)
+            for index, call in enumerate(calls)
+        ]
 
         async def answer(index: int) -> str | None:
+            if rejected is not None and index == rejected.index:
+                return f"error: invalid call, stopped while it was written: {rejected.reason}"
             if partial is not None and is_hosted[index]:
                 ran = await partial.outcome(index, calls[index].arguments)
                 if ran is not None:

@@ -700,7 +700,10 @@ class OpenAIIngress:
             else self._speculator.start(parsed.body, program_id, tenant, launch=execute_tools)
         )
         turn = TurnContext(
-            tenant=tenant, execute_tools=execute_tools, wants_calls=speculation is not None
+            tenant=tenant,
+            execute_tools=execute_tools,
+            wants_calls=speculation is not None,
+            stop_invalid_calls=parsed.options.stop_invalid_calls,
         )
         turn_ended = (
             _nothing if to_draft else self._turn_started(program_id, started, is_last_step(chat))
@@ -755,6 +758,7 @@ class OpenAIIngress:
             tenant,
             session,
             headers.get("cache-control"),
+            parsed.options.stop_invalid_calls,
         )
 
     def _cached_reply(

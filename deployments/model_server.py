@@ -22,7 +22,12 @@ from cluster.config import ModelDeploymentConfig, ToolsConfig
 from cluster.openai_protocol import LAST_STEP_ARG, ModelToolCall, ToolCallDeltas
 from cluster.store.replicas import EngineState, ReplicaStatus, ReplicaStatusStore
 from deployments.admission.replica import export_admission_stats
-from deployments.continuation import Continuation, TurnContext, continuation_possible
+from deployments.continuation import (
+    Continuation,
+    TurnContext,
+    continuation_possible,
+    stops_invalid_calls,
+)
 from deployments.engine_setup import create_engine_config
 from deployments.errors import ApiError, engine_not_ready
 from deployments.pinning.replica import EnginePinning, tool_called
@@ -259,10 +264,15 @@ class ModelServer:
             and turn.execute_tools
             and continuation_possible(request.tools, request.n, request.tool_choice)
         )
-        client_wants_usage = bool(request.stream_options and request.stream_options.include_usage)
+        options = request.stream_options
+        client_wants_usage = bool(options and options.include_usage)
+        client_wants_chunk_usage = bool(client_wants_usage and options.continuous_usage_stats)
         if continuing and request.stream:
-            # Each round's usage counts against the request's token budget.
-            request = _with_usage_reported(request)
+            # Each round's usage counts against the request's token budget; a round
+            # stopped at an invalid call has only its chunks' usage.
+            assert turn is not None and self._tools_config is not None
+            in_every_chunk = stops_invalid_calls(turn, self._tools_config.continuation)
+            request = _with_usage_reported(request, in_every_chunk)
         program_id = request.session_id
         tracked = bool(self._pinning is not None and program_id and not is_last_step(request))
         # The rounds after the first are requests of their own, built from this one
@@ -297,7 +307,9 @@ class ModelServer:
             return
         yield ReplyHead(self._replica_id, streaming=True)
         if continuation is not None:
-            async for chunk in continuation.stream(result, client_wants_usage):
+            async for chunk in continuation.stream(
+                result, client_wants_usage, client_wants_chunk_usage
+            ):
                 yield chunk
             if turn is not None and turn.wants_calls:
                 yield ReplyTail(continuation.calls_made)
@@ -390,11 +402,16 @@ def _model_field(name: str) -> str:
     return json.dumps({"model": name}, separators=(",", ":"))[1:-1]
 
 
-def _with_usage_reported(request: ChatCompletionRequest) -> ChatCompletionRequest:
+def _with_usage_reported(
+    request: ChatCompletionRequest, in_every_chunk: bool
+) -> ChatCompletionRequest:
     from vllm.entrypoints.generate.base.protocol import StreamOptions
 
     options = request.stream_options or StreamOptions()
-    reported = options.model_copy(update={"include_usage": True})
+    update: dict[str, bool] = {"include_usage": True}
+    if in_every_chunk:
+        update["continuous_usage_stats"] = True
+    reported = options.model_copy(update=update)
     return request.model_copy(update={"stream_options": reported})
 
 

@@ -62,16 +62,21 @@ class ResponseCachePolicy:
         tenant: str,
         session: str | None,
         cache_control: str | None = None,
+        stop_invalid_calls: bool | None = None,
     ) -> CacheableRequest | None:
-        """`body`: the request as validated, without toolserve's options and hints."""
+        """`body`: the request as validated, without toolserve's options and hints;
+        the options that change the reply come as arguments."""
         deterministic = greedy(body) or body.get("seed") is not None
         if not (deterministic or self._seed_sampled_requests):
             return None
         directives = {part.strip().lower() for part in (cache_control or "").split(",")}
         serve_kept, keep = "no-cache" not in directives, "no-store" not in directives
         request = {key: value for key, value in body.items() if key not in IGNORED_FIELDS}
+        options: dict[str, Any] = {"execute_tools": execute_tools}
+        if stop_invalid_calls is not None:
+            options["stop_invalid_calls"] = stop_invalid_calls
         canonical = json.dumps(
-            {"request": request, "execute_tools": execute_tools},
+            {"request": request} | options,
             sort_keys=True,
             separators=(",", ":"),
             ensure_ascii=False,

@@ -25,6 +25,12 @@ class TurnOptions(BaseModel):
         description="Let the server run calls of hosted tools (and use results the "
         "client posted) and continue the turn; false: every call goes to the client.",
     )
+    stop_invalid_calls: bool | None = Field(
+        default=None,
+        description="Stop decoding a call of a hosted or undeclared tool as soon as it "
+        "can no longer be valid and let the model write it again; unset: the "
+        "deployment's `tools.continuation.stop_invalid_calls`.",
+    )
     retain_for_s: float | None = Field(
         default=None,
         gt=0,

@@ -1,5 +1,5 @@
 """The partial runs of one streamed round (Conveyor, arXiv 2406.00059): fed the
-round's tool-call deltas as the engine streams them, it starts a run for each
+round's tool-call events as the engine streams the calls, it starts a run for each
 call of a hosted partial-input tool as soon as the call names its tool, feeds
 the run its pieces, and finishes it when the call's arguments close, so the tool
 works while the model is still decoding. The continuation then takes each run's
@@ -12,13 +12,7 @@ import contextlib
 from typing import Any
 
 from toolworkers.cache_keys import ArgumentsError, normalized_arguments
-from toolworkers.call_stream import (
-    CallClosed,
-    CallEvent,
-    CallMalformed,
-    CallStarted,
-    ToolCallDeltaParser,
-)
+from toolworkers.call_stream import CallClosed, CallEvent, CallMalformed, CallStarted
 from toolworkers.execution import PartialRun, ToolExecutor, ToolOutcome
 
 
@@ -28,23 +22,14 @@ class PartialExecution:
     def __init__(self, executor: ToolExecutor, hosted: set[str]):
         self._executor = executor
         self._hosted = hosted
-        self._parser = ToolCallDeltaParser()
         self._running: dict[int, PartialRun] = {}
         self._finishing: dict[
             int, tuple[dict[str, Any], PartialRun, asyncio.Task[ToolOutcome | None]]
         ] = {}
         self.started = 0
 
-    async def feed(self, fragments: list[dict[str, Any]]) -> None:
-        """The round's next `delta.tool_calls` fragments."""
-        if fragments:
-            await self._handle(self._parser.feed(fragments))
-
-    async def end(self) -> None:
-        """The round's stream ended."""
-        await self._handle(self._parser.finish())
-
-    async def _handle(self, events: list[CallEvent]) -> None:
+    async def handle(self, events: list[CallEvent]) -> None:
+        """The round's next call events (`toolworkers.call_stream`), in order."""
         for event in events:
             if isinstance(event, CallStarted) and event.name in self._hosted:
                 run = self._executor.start_partial(event.name, event.index)

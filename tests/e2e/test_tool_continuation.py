@@ -6,12 +6,14 @@ and its errors. Real Ray, Redis, vLLM (SmolLM2) and the `openai` SDK."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from typing import Any
 
 import httpx
 import pytest
 from openai import OpenAI
+from prometheus_text import metric_total
 
 from cluster.launch.demo import run_demo
 from cluster.launch.launcher import Endpoints
@@ -114,6 +116,85 @@ def test_a_streamed_continuation_matches_the_non_streamed_one(
     assert finish == whole.choices[0].finish_reason
     assert usage is not None and whole.usage is not None
     assert usage.completion_tokens == whole.usage.completion_tokens
+
+
+def _stopped_and_aborted(cluster: Endpoints) -> tuple[float, float]:
+    text = httpx.get(cluster.metrics_url, timeout=30).text
+    return (
+        metric_total(text, "toolserve_tool_calls_stopped_total", reason="bad_argument"),
+        metric_total(text, "vllm:request_success_total", finished_reason="abort"),
+    )
+
+
+def test_a_streamed_call_that_cannot_be_valid_is_stopped_and_written_again(
+    client: OpenAI, model_name: str, cluster: Endpoints, healthy_after: None
+) -> None:
+    """The model is made to write a calculator call whose first argument is a
+    number (structured outputs fix its text; vLLM's hermes parser streams it as a
+    call): decoding stops there, the engine's request is aborted, and the next
+    round sees the call and why it was stopped."""
+    calculator = [t for t in _hosted_tools(cluster) if t["function"]["name"] == "calculator"]
+    tail = " ".join(["then some further words the model never needs to write"] * 8)
+    written = (
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": 42, "note": "'
+        + tail
+        + '"}}\n</tool_call>'
+    )
+    stopped_before, aborted_before = _stopped_and_aborted(cluster)
+    stream = client.chat.completions.create(
+        model=model_name,
+        messages=QUESTION,
+        tools=calculator,
+        tool_choice="auto",
+        temperature=0,
+        max_tokens=160,
+        stream=True,
+        extra_body={"structured_outputs": {"choice": [written]}},
+    )
+    executed: list[dict[str, Any]] = []
+    for chunk in stream:
+        executed += ((chunk.model_extra or {}).get("toolserve") or {}).get("executed_messages", [])
+    call_message, tool_message = executed[:2]
+    (call,) = call_message["tool_calls"]
+    assert call["function"] == {"name": "calculator", "arguments": '{"expression": 42}'}
+    assert tool_message["tool_call_id"] == call["id"]
+    assert tool_message["content"].startswith("error: invalid call, stopped while it was written")
+
+    def counted() -> tuple[float, float] | None:
+        stopped, aborted = _stopped_and_aborted(cluster)
+        return (stopped, aborted) if stopped > stopped_before else None
+
+    deadline = time.monotonic() + 60
+    while (seen := counted()) is None and time.monotonic() < deadline:
+        time.sleep(1)
+    assert seen is not None, "the stop never showed in the metrics"
+    assert seen[1] > aborted_before, "the engine's request was not aborted"
+
+
+def test_a_request_may_turn_stopping_off(
+    client: OpenAI, model_name: str, cluster: Endpoints
+) -> None:
+    calculator = [t for t in _hosted_tools(cluster) if t["function"]["name"] == "calculator"]
+    written = '<tool_call>\n{"name": "calculator", "arguments": {"expression": 42}}\n</tool_call>'
+    stream = client.chat.completions.create(
+        model=model_name,
+        messages=QUESTION,
+        tools=calculator,
+        tool_choice="auto",
+        temperature=0,
+        max_tokens=96,
+        stream=True,
+        extra_body={
+            "structured_outputs": {"choice": [written]},
+            "toolserve": {"stop_invalid_calls": False},
+        },
+    )
+    executed: list[dict[str, Any]] = []
+    for chunk in stream:
+        executed += ((chunk.model_extra or {}).get("toolserve") or {}).get("executed_messages", [])
+    call_message, tool_message = executed[:2]
+    assert json.loads(call_message["tool_calls"][0]["function"]["arguments"]) == {"expression": 42}
+    assert "stopped while it was written" not in tool_message["content"]
 
 
 def _weather_turn(

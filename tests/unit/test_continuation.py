@@ -395,3 +395,165 @@ def test_a_streamed_turn_shows_the_executed_round_then_the_answer() -> None:
     assert all(e["id"] == "chatcmpl-abc" for e in events if isinstance(e, dict))
     assert turn_ends == ["calculator", None]
     assert continuation.calls_made == [ModelToolCall("c1", "calculator", '{"expression": "6*7"}')]
+
+
+# --- invalid calls stopped while they stream ---------------------------------
+
+
+def _usage_chunk(delta: dict[str, Any], completion_tokens: int) -> str:
+    """A chunk as vLLM streams it with `continuous_usage_stats`."""
+    payload = json.loads(_chunk(delta).removeprefix("data: "))
+    usage = {"prompt_tokens": 10, "completion_tokens": completion_tokens, "total_tokens": 0}
+    return _sse(payload | {"usage": usage})
+
+
+def _call_fragments(index: int, name: str, arguments: str) -> list[dict[str, Any]]:
+    """A call as vLLM's tool parser streams it: the name first, then its text."""
+    head = {"index": index, "id": f"c{index}", "type": "function", "function": {"name": name}}
+    return [head] + [
+        {"index": index, "function": {"arguments": arguments[at : at + 4]}}
+        for at in range(0, len(arguments), 4)
+    ]
+
+
+class _ScriptedRound:
+    """A round's engine stream that records how far it was read and whether the
+    reader closed it (closing is what aborts vLLM's request)."""
+
+    def __init__(self, chunks: list[str]):
+        self.chunks = chunks
+        self.sent = 0
+        self.closed = False
+
+    async def stream(self) -> AsyncIterator[str]:
+        try:
+            for chunk in self.chunks:
+                self.sent += 1
+                yield chunk
+        finally:
+            self.closed = True
+
+
+def _streamed_call_turn(
+    fragments: list[dict[str, Any]],
+    body: dict[str, Any],
+    stop_invalid_calls: bool | None = None,
+    client_tools: list[dict[str, Any]] | None = None,
+) -> tuple[list[dict[str, Any] | str], _ScriptedRound, list[dict[str, Any]]]:
+    """Streams a turn whose first round writes `fragments` (one token each) and
+    whose next round answers; returns the client's events, the first round's
+    stream and the requests of the rounds that followed."""
+    first = _ScriptedRound(
+        [_usage_chunk({"content": "Let me see."}, 3)]
+        + [
+            _usage_chunk({"tool_calls": [fragment]}, 4 + at)
+            for at, fragment in enumerate(fragments)
+        ]
+        + [
+            _usage_chunk({}, 4 + len(fragments)),
+            _chunk({}, finish="tool_calls"),
+            "data: [DONE]\n\n",
+        ]
+    )
+    sent: list[dict[str, Any]] = []
+
+    async def following_round() -> AsyncIterator[str]:
+        yield _chunk({"content": "Done."}, finish="stop")
+        yield "data: [DONE]\n\n"
+
+    async def create(next_body: dict[str, Any]) -> AsyncIterator[str]:
+        sent.append(next_body)
+        return following_round()
+
+    continuation = _continuation(create, body, [])
+    continuation._body["tools"] += client_tools or []
+    continuation._turn = TurnContext(
+        tenant="t", execute_tools=True, stop_invalid_calls=stop_invalid_calls
+    )
+
+    async def collect() -> list[str]:
+        return [chunk async for chunk in continuation.stream(first.stream(), False)]
+
+    return _events(asyncio.run(collect())), first, sent
+
+
+def _tool_message(body: dict[str, Any]) -> str:
+    return str(next(m for m in body["messages"] if m["role"] == "tool")["content"])
+
+
+def test_a_hosted_call_with_an_argument_its_schema_rejects_is_stopped_and_written_again() -> None:
+    fragments = _call_fragments(0, "calculator", '{"expression": 42, "precision": 3}')
+    events, first, sent = _streamed_call_turn(fragments, BODY | {"max_tokens": 50})
+
+    assert first.closed and first.sent < len(first.chunks) - 2  # stopped, not read out
+    assert len(sent) == 1
+    assistant = sent[0]["messages"][-2]
+    assert assistant["content"] == "Let me see."
+    # Cut inside its object, the call keeps the arguments written whole.
+    assert assistant["tool_calls"][0]["function"] == {
+        "name": "calculator",
+        "arguments": '{"expression": 42}',
+    }
+    assert _tool_message(sent[0]).startswith("error: invalid call, stopped while it was written")
+    assert "'expression'" in _tool_message(sent[0])
+    # The stopped round's tokens, known from its last chunk's usage (the content's
+    # chunk, then one per fragment from 4 tokens on), count against the budget.
+    assert sent[0]["max_tokens"] == 50 - (4 + first.sent - 2)
+    contents = [e["choices"][0]["delta"].get("content") for e in events if isinstance(e, dict)]
+    assert "Done." in contents
+    assert not any("usage" in e for e in events if isinstance(e, dict) and e.get("choices"))
+
+
+def test_a_call_of_an_undeclared_tool_is_stopped_at_its_name() -> None:
+    fragments = _call_fragments(0, "get_stock_price", '{"ticker": "ACME"}')
+    _events_seen, first, sent = _streamed_call_turn(fragments, BODY)
+    assert first.closed
+    assert first.sent == 2  # the content, then the name: nothing of its arguments
+    assert "declares no tool 'get_stock_price'" in _tool_message(sent[0])
+
+
+def test_a_declared_client_tools_call_goes_whole_to_the_client() -> None:
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    fragments = _call_fragments(0, "get_weather", '{"city": 7}')
+    events, first, sent = _streamed_call_turn(fragments, BODY, client_tools=[weather])
+    assert not sent and first.sent == len(first.chunks)
+    calls = [
+        e["choices"][0]["delta"]["tool_calls"]
+        for e in events
+        if isinstance(e, dict) and e.get("choices") and e["choices"][0]["delta"].get("tool_calls")
+    ]
+    assert calls[0][0]["function"]["arguments"] == '{"city": 7}'
+
+
+def test_with_stopping_off_the_call_is_written_out_and_run() -> None:
+    fragments = _call_fragments(0, "calculator", '{"expression": 42}')
+    _events_seen, first, sent = _streamed_call_turn(fragments, BODY, stop_invalid_calls=False)
+    assert first.sent == len(first.chunks)
+    assert sent[0]["messages"][-2]["tool_calls"][0]["function"]["arguments"] == (
+        '{"expression": 42}'
+    )
+    assert "stopped while it was written" not in _tool_message(sent[0])
+
+
+def test_a_stopped_call_without_budget_for_another_round_ends_the_reply_without_it() -> None:
+    fragments = _call_fragments(0, "calculator", '{"expression": 42, "precision": 3}')
+    events, first, sent = _streamed_call_turn(fragments, BODY | {"max_tokens": 6})
+    assert first.closed and not sent
+    finishes = [
+        e["choices"][0]["finish_reason"]
+        for e in events
+        if isinstance(e, dict) and e.get("choices") and e["choices"][0]["finish_reason"]
+    ]
+    assert finishes == ["stop"]
+    assert not any(
+        e["choices"][0]["delta"].get("tool_calls")
+        for e in events
+        if isinstance(e, dict) and e.get("choices")
+    )
+    assert events[-1] == "[DONE]"

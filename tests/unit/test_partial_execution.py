@@ -16,6 +16,7 @@ import pytest
 from cluster.config import HostedToolConfig, SandboxLimits, ToolsConfig
 from cluster.store.partial_calls import ChannelUnavailable, PartialCallChannel
 from cluster.store.tool_state import LocalToolStateStore
+from deployments.continuation import RoundCalls
 from toolworkers.execution import PartialCalls, ToolExecutor
 from toolworkers.partial_execution import PartialExecution
 from toolworkers.registry import ToolRegistry
@@ -107,12 +108,13 @@ def test_the_tool_runs_statements_while_the_call_is_written(redis_url: str, tmp_
 
     async def scenario() -> tuple[bool, bool, str | None]:
         partial = PartialExecution(executor(redis_url, tmp_path), {"python", "calculator"})
+        partial_calls = RoundCalls(partial, None, set())
         for fragment in fragments[:cut]:
-            await partial.feed([fragment])
+            await partial_calls.feed([fragment])
         ran_before_the_call_closed = await wait_for(marker)
         for fragment in fragments[cut:]:
-            await partial.feed([fragment])
-        await partial.end()
+            await partial_calls.feed([fragment])
+        await partial_calls.end()
         outcome = await partial.outcome(0, json.dumps({"code": code}))
         await partial.abandon()
         return (
@@ -132,9 +134,10 @@ def test_the_partial_outcome_is_the_whole_calls_and_other_calls_run_as_usual(
     async def scenario() -> tuple[Any, ...]:
         tools = executor(redis_url)
         partial = PartialExecution(tools, {"python", "calculator"})
-        await partial.feed(fragments_of(0, "python", {"code": code}, size=5))
-        await partial.feed(fragments_of(1, "calculator", {"expression": "1+1"}, size=5))
-        await partial.end()
+        partial_calls = RoundCalls(partial, None, set())
+        await partial_calls.feed(fragments_of(0, "python", {"code": code}, size=5))
+        await partial_calls.feed(fragments_of(1, "calculator", {"expression": "1+1"}, size=5))
+        await partial_calls.end()
         ran = await partial.outcome(0, json.dumps({"code": code}))
         whole = await tools.call("python", {"code": code}, tenant="t", program_id="p")
         not_partial = await partial.outcome(1, json.dumps({"expression": "1+1"}))
@@ -174,8 +177,9 @@ def test_search_and_plan_run_partially_in_the_sandbox_give_the_whole_calls_resul
     async def scenario() -> tuple[Any, Any, int]:
         tools = executor(redis_url)
         partial = PartialExecution(tools, {tool})
-        await partial.feed(fragments_of(0, tool, arguments, size=9))
-        await partial.end()
+        partial_calls = RoundCalls(partial, None, set())
+        await partial_calls.feed(fragments_of(0, tool, arguments, size=9))
+        await partial_calls.end()
         ran = await partial.outcome(0, json.dumps(arguments))
         whole = await tools.call(tool, arguments, tenant="t", program_id="p")
         await partial.abandon()
@@ -202,12 +206,14 @@ def test_different_final_arguments_or_an_abandoned_round_stop_the_run(
 
     async def scenario() -> Any:
         partial = PartialExecution(executor(redis_url), {"python"})
-        await partial.feed(fragments_of(0, "python", {"code": slow_script(mismatched)}, 6))
-        await partial.end()
+        partial_calls = RoundCalls(partial, None, set())
+        await partial_calls.feed(fragments_of(0, "python", {"code": slow_script(mismatched)}, 6))
+        await partial_calls.end()
         mismatch = await partial.outcome(0, json.dumps({"code": "print('other')\n"}))
         unfinished = fragments_of(0, "python", {"code": slow_script(abandoned)}, 6)[:-1]
         second = PartialExecution(executor(redis_url), {"python"})
-        await second.feed(unfinished)
+        second_calls = RoundCalls(second, None, set())
+        await second_calls.feed(unfinished)
         await asyncio.sleep(0.2)
         await second.abandon()
         await asyncio.sleep(3)
@@ -223,9 +229,10 @@ def test_a_call_of_an_undeclared_tool_or_without_partial_input_starts_nothing(
 ) -> None:
     async def scenario() -> int:
         partial = PartialExecution(executor(redis_url), {"calculator"})
-        await partial.feed(fragments_of(0, "python", {"code": "print(1)\n"}, 4))
-        await partial.feed(fragments_of(1, "calculator", {"expression": "2"}, 4))
-        await partial.end()
+        partial_calls = RoundCalls(partial, None, set())
+        await partial_calls.feed(fragments_of(0, "python", {"code": "print(1)\n"}, 4))
+        await partial_calls.feed(fragments_of(1, "calculator", {"expression": "2"}, 4))
+        await partial_calls.end()
         return partial.started
 
     assert asyncio.run(scenario()) == 0
