@@ -13,24 +13,11 @@ import httpx
 import pytest
 from openai import OpenAI
 from programs import TEST_CLIENT_AUTH
-from prometheus_text import metric_total
+from prometheus_text import histogram_buckets, metric_total
 
 from cluster.launch.launcher import Endpoints
 
 pytestmark = pytest.mark.e2e
-
-
-def _buckets(text: str, name: str) -> dict[float, float]:
-    """A histogram's cumulative bucket counts by upper bound, summed over series."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    counts: dict[float, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.removeprefix("ray_") == f"{name}_bucket":
-                bound = float(sample.labels["le"])
-                counts[bound] = counts.get(bound, 0.0) + sample.value
-    return counts
 
 
 def _samples(cluster: Endpoints) -> dict[str, float]:
@@ -38,7 +25,7 @@ def _samples(cluster: Endpoints) -> dict[str, float]:
     text = httpx.get(cluster.metrics_url, timeout=30).text
     if "toolserve_program_completion_s" not in text:
         return {}
-    turns = _buckets(text, "toolserve_program_turns")
+    turns = histogram_buckets(text, "toolserve_program_turns")
     return {
         "deleted": metric_total(text, "toolserve_program_completion_s_count", reason="deleted"),
         "last_step": metric_total(text, "toolserve_program_completion_s_count", reason="last_step"),

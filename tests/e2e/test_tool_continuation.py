@@ -13,10 +13,11 @@ from typing import Any
 import httpx
 import pytest
 from openai import OpenAI
-from prometheus_text import metric_total
+from prometheus_text import histogram_buckets, metric_total
 
 from cluster.launch.demo import run_demo
 from cluster.launch.launcher import Endpoints
+from toolworkers import plan_tool
 from toolworkers.builtin_tools import calculate
 
 pytestmark = pytest.mark.e2e
@@ -169,6 +170,58 @@ def test_a_streamed_call_that_cannot_be_valid_is_stopped_and_written_again(
         time.sleep(1)
     assert seen is not None, "the stop never showed in the metrics"
     assert seen[1] > aborted_before, "the engine's request was not aborted"
+
+
+def _overlapped_beyond(cluster: Endpoints, seconds: float) -> float:
+    """Calls run on partial input whose tool worked over `seconds` while the model
+    was still writing them."""
+    text = httpx.get(cluster.metrics_url, timeout=30).text
+    buckets = histogram_buckets(text, "toolserve_tool_partial_overlap_s")
+    return buckets.get(float("inf"), 0.0) - buckets.get(seconds, 0.0)
+
+
+def test_a_plan_streamed_by_the_engine_runs_stage_by_stage_while_it_is_written(
+    client: OpenAI, model_name: str, cluster: Endpoints
+) -> None:
+    """With `tool_choice: auto` vLLM streams a call's arguments as the model writes
+    them (structured outputs fix the text here), so the plan's run starts at the
+    call's name and its stages run while later ones are decoded; its result is
+    the whole plan's."""
+    run_plan = [t for t in _hosted_tools(cluster) if t["function"]["name"] == "run_plan"]
+    stages = [
+        {"tool": "calculator", "input": "6 * 7"},
+        {"tool": "search", "input": "for statement loop"},
+        {"tool": "calculator", "input": "2 ** 10 - 24"},
+    ]
+    written = (
+        '<tool_call>\n{"name": "run_plan", "arguments": '
+        + json.dumps({"stages": stages})
+        + "}\n</tool_call>"
+    )
+    before = _overlapped_beyond(cluster, 0.1)
+    stream = client.chat.completions.create(
+        model=model_name,
+        messages=[{"role": "user", "content": "Compute 6*7, look up for loops, then 2**10-24."}],
+        tools=run_plan,
+        tool_choice="auto",
+        temperature=0,
+        max_tokens=160,
+        stream=True,
+        extra_body={"structured_outputs": {"choice": [written]}},
+    )
+    executed: list[dict[str, Any]] = []
+    for chunk in stream:
+        executed += ((chunk.model_extra or {}).get("toolserve") or {}).get("executed_messages", [])
+    call_message, tool_message = executed[:2]
+    assert json.loads(call_message["tool_calls"][0]["function"]["arguments"]) == {"stages": stages}
+    assert tool_message["content"] == plan_tool.run_plan(stages)
+
+    deadline = time.monotonic() + 60
+    while (after := _overlapped_beyond(cluster, 0.1)) <= before and time.monotonic() < deadline:
+        time.sleep(1)
+    # Decoding the stages takes the model seconds on the CPU; a call delivered
+    # whole at the end (a required or named tool choice) overlaps nothing.
+    assert after > before, "the plan did not run while the model was writing it"
 
 
 def test_a_request_may_turn_stopping_off(
