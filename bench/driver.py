@@ -15,7 +15,7 @@ from openai import APIError, AsyncOpenAI
 from tqdm import tqdm
 
 from bench.workloads.program import AgentProgram, Reply, ToolCall, ToolOutcome, TurnRequest
-from cluster.openai_protocol import executed_messages
+from cluster.openai_protocol import ToolCallDeltas, executed_messages
 from toolworkers.client import SpeculativeToolClient
 
 _REQUEST_TIMEOUT_S = 900.0
@@ -149,6 +149,32 @@ def reply_from_completion(completion: Any, replica: str | None = None) -> Reply:
     )
 
 
+async def reply_from_stream(chunks: Any, replica: str | None = None) -> Reply:
+    """The reply a streamed chat completion adds up to (sent with usage reported)."""
+    content, finish_reason, usage = "", None, None
+    calls = ToolCallDeltas()
+    executed: list[dict[str, Any]] = []
+    async for chunk in chunks:
+        executed += executed_messages(chunk.model_extra)
+        usage = chunk.usage or usage
+        if chunk.choices:
+            choice = chunk.choices[0]
+            content += choice.delta.content or ""
+            finish_reason = choice.finish_reason or finish_reason
+            calls.feed([call.model_dump() for call in choice.delta.tool_calls or ()])
+    details = getattr(usage, "prompt_tokens_details", None) if usage else None
+    return Reply(
+        content=content or None,
+        tool_calls=tuple(ToolCall(c.id, c.name, c.arguments) for c in calls.calls()),
+        finish_reason=finish_reason,
+        prompt_tokens=usage.prompt_tokens if usage else 0,
+        cached_tokens=getattr(details, "cached_tokens", None) if details else None,
+        completion_tokens=usage.completion_tokens if usage else 0,
+        executed_messages=tuple(executed),
+        replica=replica,
+    )
+
+
 def _tool_function(program: AgentProgram, name: str) -> Callable[..., str]:
     def run(**arguments: Any) -> str:
         return program.execute(ToolCall("speculative", name, json.dumps(arguments))).content
@@ -202,6 +228,11 @@ class Driver:
             arguments["tool_choice"] = request.tool_choice
         if request.structured_outputs is not None:
             arguments["extra_body"] = {"structured_outputs": request.structured_outputs}
+        if request.stream:
+            arguments |= {"stream": True, "stream_options": {"include_usage": True}}
+            raw = await self._client.chat.completions.with_raw_response.create(**arguments)
+            reply = await reply_from_stream(raw.parse(), raw.headers.get(REPLICA_HEADER))
+            return reply, {}
         speculable = program.side_effect_free_tools()
         if self._draft_model is None or not speculable:
             raw = await self._client.chat.completions.with_raw_response.create(**arguments)

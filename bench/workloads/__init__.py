@@ -14,6 +14,8 @@ from bench.workloads.bfcl_speculation import (
     hosted_bfcl_tools,
 )
 from bench.workloads.codegen import CodegenConfig, generate_codegen
+from bench.workloads.conveyor import TASKS as CONVEYOR_TASKS
+from bench.workloads.conveyor import ConveyorConfig, generate_conveyor, hosted_conveyor_tools
 from bench.workloads.distributions import Distribution
 from bench.workloads.hot_path import HotPathConfig
 from bench.workloads.program import AgentProgram
@@ -318,6 +320,47 @@ def _repeated_prompt(size: Size) -> WorkloadPlan:
     )
 
 
+def _embedded_token_count() -> Callable[[str], int]:
+    """Tokens of a text for the embedded default's model."""
+    from transformers import AutoTokenizer
+
+    from cluster.config import load_config
+    from cluster.models import resolve_model
+
+    config = load_config()
+    tokenizer = AutoTokenizer.from_pretrained(
+        resolve_model(config.main.engine.model, config.cache_dir)
+    )
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _conveyor(size: Size) -> WorkloadPlan:
+    config = (
+        ConveyorConfig(programs_per_task=1, turns=2, arrival_rate_per_s=0.5)
+        if size == "quick"
+        else ConveyorConfig(programs_per_task=3, turns=3, arrival_rate_per_s=0.1)
+    )
+    return WorkloadPlan(
+        name="conveyor",
+        size=size,
+        description=(
+            f"partial tool execution (Conveyor, arXiv 2406.00059, §4): {config.programs_per_task} "
+            f"program(s) of each task ({', '.join(CONVEYOR_TASKS)}), {config.turns} turns each, "
+            f"Poisson arrivals at {config.arrival_rate_per_s}/s; each turn one streamed call of "
+            "a hosted tool whose text structured outputs fix (the same tokens for every "
+            f"system), then an answer of up to {config.answer_max_tokens} tokens. CodeGen: a "
+            "script that counts primes and draws a sine plot into a PNG (the paper's plot, "
+            "with the standard library); Calculator: the null case (no partial input). Not "
+            "reproduced: the paper's models, GPU decoding speed, and its Validation workload"
+        ),
+        build=lambda seed: generate_conveyor(config, seed, _embedded_token_count()),
+        kv_cache_mib=128,
+        max_model_len=2048,
+        toolserve_overrides={"tools.hosted": hosted_conveyor_tools()},
+        reference_system="toolserve@tools.continuation.partial_execution=false",
+    )
+
+
 WORKLOADS: dict[str, Callable[[Size], WorkloadPlan]] = {
     "many-agent": _many_agent,
     "bugfix-6": lambda size: _workflow("bugfix-6", size),
@@ -330,6 +373,7 @@ WORKLOADS: dict[str, Callable[[Size], WorkloadPlan]] = {
     "hot-path": _hot_path,
     "repeated-prompt": _repeated_prompt,
     "burst": _burst,
+    "conveyor": _conveyor,
 }
 
 

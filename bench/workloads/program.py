@@ -32,6 +32,9 @@ class TurnRequest:
     tool_choice: ToolChoice
     max_tokens: int
     structured_outputs: dict[str, Any] | None = None
+    stream: bool = False
+    """Ask for the reply as a stream (a server acts on streamed calls as they are
+    written: partial tool execution)."""
 
     @property
     def expects_tool_call(self) -> bool:

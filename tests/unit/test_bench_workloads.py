@@ -27,6 +27,15 @@ from bench.workloads.bfcl import (
 )
 from bench.workloads.bfcl_speculation import BfclSpeculationConfig, generate_bfcl_speculation
 from bench.workloads.codegen import CodegenConfig, generate_codegen, run_python
+from bench.workloads.conveyor import TASKS as CONVEYOR_TASKS
+from bench.workloads.conveyor import (
+    ConveyorConfig,
+    ConveyorProgram,
+    codegen_script,
+    conveyor_run,
+    conveyor_tool_schemas,
+    generate_conveyor,
+)
 from bench.workloads.distributions import Distribution, poisson_arrivals
 from bench.workloads.program import Reply, ToolCall, ToolOutcome
 from bench.workloads.speculation import RecordsProgram, RecordsTaskConfig, generate_speculation
@@ -45,6 +54,7 @@ from bench.workloads.workflows import (
     generate_workflows,
 )
 from cluster.config import ToolsConfig
+from toolworkers.builtin_tools import calculate
 from toolworkers.registry import ToolRegistry
 
 ZERO_LATENCY = Distribution(kind="constant", mean=0.0)
@@ -545,3 +555,63 @@ def test_a_records_task_reuses_outcomes_the_client_already_has() -> None:
     round_ = asyncio.run(program.act(request, _reply(call), ready))
     assert round_.latency_s < 5, "the 30 s lookup did not run again"
     assert program.messages[-1]["content"] == "speculated"
+
+
+# --- conveyor (partial tool execution) -----------------------------------------
+
+
+def _conveyor_programs() -> list[ConveyorProgram]:
+    return generate_conveyor(
+        ConveyorConfig(programs_per_task=1, turns=2, arrival_rate_per_s=0.5),
+        seed=0,
+        count_tokens=lambda text: len(text) // 3,
+    )
+
+
+def test_conveyor_programs_force_hosted_calls_whose_text_parses_back() -> None:
+    programs = _conveyor_programs()
+    assert sorted(p.agent_type for p in programs) == sorted(CONVEYOR_TASKS)
+    hosted = conveyor_tool_schemas()
+    for program in programs:
+        assert program.tools == [hosted[program.tool]]
+        request = program.next_request()
+        assert request is not None and request.stream and request.tool_choice == "auto"
+        assert request.structured_outputs is not None
+        (text,) = request.structured_outputs["choice"]
+        body = text.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>")
+        assert json.loads(body) == {"name": program.tool, "arguments": program.calls[0]}
+        assert request.max_tokens == len(text) // 3 + 8 + program.answer_max_tokens
+
+
+def test_the_codegen_script_counts_primes_and_draws_its_plot() -> None:
+    output = conveyor_run("python", {"code": codegen_script(3, 20_000)})
+    assert output.startswith("primes below 20000 : 2262\n")
+    assert "sine plot of 3 periods:" in output
+
+
+def test_a_conveyor_turn_the_server_ran_goes_on_to_the_next_turn() -> None:
+    program = next(p for p in _conveyor_programs() if p.agent_type == "search")
+    first = program.next_request()
+    assert first is not None
+    executed = (
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "s1"}]},
+        {"role": "tool", "tool_call_id": "s1", "content": "hits"},
+    )
+    asyncio.run(program.act(first, replace(_reply(content="Found."), executed_messages=executed)))
+    second = program.next_request()
+    assert second is not None and second.structured_outputs is not None
+    assert program.messages[-1]["content"] == "Task 2: use the search tool."
+
+
+def test_a_conveyor_call_handed_to_the_agent_runs_then_answers_within_the_turns_budget() -> None:
+    program = next(p for p in _conveyor_programs() if p.agent_type == "calculator")
+    first = program.next_request()
+    assert first is not None
+    call = ToolCall("c1", "calculator", json.dumps(program.calls[0]))
+    asyncio.run(program.act(first, _reply(call)))
+    assert program.messages[-1]["content"] == calculate(program.calls[0]["expression"])
+    answer = program.next_request()
+    assert answer is not None and answer.structured_outputs is None and answer.stream
+    assert answer.max_tokens == first.max_tokens - 20  # what the call's 20 tokens left
+    asyncio.run(program.act(answer, _reply(content="It is 7.")))
+    assert program.next_request() is not None  # the second turn

@@ -1,0 +1,234 @@
+"""Partial tool execution's workloads (Conveyor, arXiv 2406.00059, §4), re-created
+on the embedded model: CodeGen (a script that computes and draws a sine plot,
+written statement by statement), Search (a query, then the result count),
+Planning (a plan of calculator and search stages) and the Calculator as the
+null case (its tool takes no partial input).
+
+Each turn the model writes one call of a hosted tool, its text fixed by
+structured outputs: every system decodes the same tokens, so the comparison is
+of when the tool runs, not of what a 135M model manages to write. The reply is
+streamed (a server can act on a call only as it streams). A server that runs the
+tool continues the turn itself; otherwise the agent runs the call, with the
+same function, and asks for the answer in a second request."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bench.workloads.distributions import poisson_arrivals
+from bench.workloads.program import (
+    AgentProgram,
+    Reply,
+    ToolCall,
+    ToolOutcome,
+    ToolRound,
+    TurnRequest,
+    checked_call,
+)
+from cluster.config import HostedToolConfig, ToolsConfig
+from toolworkers.builtin_tools import calculate
+from toolworkers.plan_tool import run_plan
+from toolworkers.python_tool import python
+from toolworkers.registry import ToolRegistry
+from toolworkers.search_tool import search
+
+TOOL_FUNCTIONS = {
+    "python": "toolworkers.python_tool:python",
+    "search": "toolworkers.search_tool:search",
+    "run_plan": "toolworkers.plan_tool:run_plan",
+    "calculator": "toolworkers.hosted_tools:calculator",
+}
+TASKS = ("codegen", "search", "planning", "calculator")
+_TOOL_OF_TASK = {
+    "codegen": "python",
+    "search": "search",
+    "planning": "run_plan",
+    "calculator": "calculator",
+}
+SYSTEM_PROMPT = "You are an agent. Use the tool, then answer in one short sentence."
+
+
+class ConveyorConfig(BaseModel):
+    """Shape of a partial-execution workload."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    programs_per_task: int = Field(gt=0, description="Programs of each task kind.")
+    turns: int = Field(default=2, gt=0, description="Tool-calling turns of each program.")
+    arrival_rate_per_s: float = Field(ge=0, description="Poisson rate of program arrivals.")
+    answer_max_tokens: int = Field(
+        default=24, gt=0, description="Token cap of the answer after the tool's result."
+    )
+    call_token_margin: int = Field(
+        default=8,
+        ge=0,
+        description="Tokens a call's budget allows beyond its text's tokenization (the "
+        "engine may write the fixed text in other tokens).",
+    )
+
+
+def hosted_conveyor_tools() -> list[dict[str, Any]]:
+    """`tools.hosted` entries for the workload's tools (the python tool is not in the
+    embedded default's)."""
+    return [{"function": function} for function in TOOL_FUNCTIONS.values()]
+
+
+def conveyor_tool_schemas() -> dict[str, dict[str, Any]]:
+    """The tools' schemas exactly as the server lists them, by name."""
+    entries = [HostedToolConfig.model_validate(entry) for entry in hosted_conveyor_tools()]
+    schemas = ToolRegistry.from_config(ToolsConfig(hosted=entries)).openai_schemas()
+    return {schema["function"]["name"]: schema for schema in schemas}
+
+
+def codegen_script(periods: int, limit: int) -> str:
+    """The sine-plot task: count primes (work for the first statements to do while
+    the rest is written), sample a sine, draw it into a PNG with the standard
+    library, and print what was made."""
+    lines = [
+        "import math, struct, zlib",
+        f"limit = {limit}",
+        "primes = [n for n in range(2, limit) if all(n % d for d in range(2, math.isqrt(n) + 1))]",
+        "print('primes below', limit, ':', len(primes))",
+        "width, height = 480, 240",
+        f"samples = [math.sin(2 * math.pi * {periods} * x / width) for x in range(width)]",
+        "rows = [bytearray(b'\\xff' * width * 3) for _ in range(height)]",
+        "for x, value in enumerate(samples):",
+        "    y = int((1 - value) / 2 * (height - 1))",
+        "    rows[y][3 * x : 3 * x + 3] = b'\\x00\\x00\\xff'",
+        "raw = b''.join(b'\\x00' + bytes(row) for row in rows)",
+        "def png_chunk(kind, data):",
+        "    size = struct.pack('>I', len(data))",
+        "    return size + kind + data + struct.pack('>I', zlib.crc32(kind + data))",
+        "header = struct.pack('>IIBBBBB', width, height, 8, 2, 0, 0, 0)",
+        "image = png_chunk(b'IHDR', header) + png_chunk(b'IDAT', zlib.compress(raw, 9))",
+        f"print('sine plot of {periods} periods:', len(image), 'bytes')",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _task_arguments(task: str, rng: random.Random) -> dict[str, Any]:
+    if task == "codegen":
+        return {"code": codegen_script(rng.randint(1, 5), rng.randint(150_000, 300_000))}
+    if task == "search":
+        topics = ["exception handling", "for statement loop", "class definitions", "lambda"]
+        return {"query": rng.choice(topics), "max_results": rng.randint(2, 4)}
+    if task == "planning":
+        return {
+            "stages": [
+                {"tool": "calculator", "input": f"{rng.randint(10, 99)} * {rng.randint(10, 99)}"},
+                {"tool": "search", "input": rng.choice(["while loop", "import system"])},
+                {"tool": "calculator", "input": f"2 ** {rng.randint(8, 16)} - 1"},
+                {"tool": "search", "input": rng.choice(["with statement", "generators"])},
+            ]
+        }
+    return {"expression": f"({rng.randint(100, 999)} + {rng.randint(100, 999)}) * 7"}
+
+
+def forced_call(tool: str, arguments: dict[str, Any]) -> str:
+    """The call's text as SmolLM2's template has the model write one (hermes)."""
+    return f"<tool_call>\n{json.dumps({'name': tool, 'arguments': arguments})}\n</tool_call>"
+
+
+def conveyor_run(tool: str, arguments: dict[str, Any]) -> str:
+    """A call run by the agent: the hosted tool's own function, whole."""
+    return str(_RUNS[tool](arguments))
+
+
+_RUNS = {
+    "python": lambda arguments: python(str(arguments["code"])),
+    "search": lambda arguments: search(str(arguments["query"]), int(arguments["max_results"])),
+    "run_plan": lambda arguments: run_plan(list(arguments["stages"])),
+    "calculator": lambda arguments: calculate(str(arguments["expression"])),
+}
+
+
+@dataclass
+class ConveyorProgram(AgentProgram):
+    """Turns of one task kind: a streamed call (fixed text), its result, an answer."""
+
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    """Each turn's arguments."""
+    call_tokens: list[int] = field(default_factory=list)
+    """Each turn's call budget: its text's tokens and the margin. A server that
+    continues the turn has the rest of the request's budget for the answer, so the
+    answer's cap is the same whoever runs the tool."""
+    tool: str = ""
+    answer_max_tokens: int = 24
+    _answering: bool = False
+    _budget_left: int = 0
+
+    def next_request(self) -> TurnRequest | None:
+        if self._answering:
+            # The agent ran the call itself: the answer is a request of its own, with
+            # what the call left of the turn's budget (as a server continuing has).
+            self._answering = False
+            self.turns_sent += 1
+            return TurnRequest(tool_choice="auto", max_tokens=self._budget_left, stream=True)
+        turn = sum(1 for message in self.messages if message["role"] == "user")
+        if turn >= len(self.calls):
+            return None
+        self.turns_sent += 1
+        self.messages.append(
+            {"role": "user", "content": f"Task {turn + 1}: use the {self.tool} tool."}
+        )
+        self._budget_left = self.call_tokens[turn] + self.answer_max_tokens
+        return TurnRequest(
+            tool_choice="auto",
+            max_tokens=self._budget_left,
+            structured_outputs={"choice": [forced_call(self.tool, self.calls[turn])]},
+            stream=True,
+        )
+
+    async def act(
+        self, request: TurnRequest, reply: Reply, ready: dict[str, ToolOutcome] | None = None
+    ) -> ToolRound:
+        self._budget_left = max(1, self._budget_left - reply.completion_tokens)
+        return await super().act(request, reply, ready)
+
+    def execute(self, call: ToolCall) -> ToolOutcome:
+        self._answering = True
+        return checked_call(call, self.tools, lambda arguments: conveyor_run(call.name, arguments))
+
+    def simulated_latency_s(self, turn_index: int) -> float:
+        return 0.0
+
+    def missing_call_message(self, request: TurnRequest) -> dict[str, Any] | None:
+        return None
+
+
+def generate_conveyor(
+    config: ConveyorConfig, seed: int, count_tokens: Callable[[str], int]
+) -> list[ConveyorProgram]:
+    """`count_tokens`: the served model's tokenizer, for the calls' budgets."""
+    rng = random.Random(seed)
+    schemas = conveyor_tool_schemas()
+    kinds = [task for task in TASKS for _ in range(config.programs_per_task)]
+    rng.shuffle(kinds)
+    arrivals = poisson_arrivals(len(kinds), config.arrival_rate_per_s, rng)
+    programs = []
+    for index, (task, arrival) in enumerate(zip(kinds, arrivals, strict=True)):
+        tool = _TOOL_OF_TASK[task]
+        calls = [_task_arguments(task, rng) for _ in range(config.turns)]
+        programs.append(
+            ConveyorProgram(
+                program_id=f"conveyor-{seed}-{index:03d}",
+                agent_type=task,
+                arrival_s=arrival,
+                tools=[schemas[tool]],
+                messages=[{"role": "system", "content": SYSTEM_PROMPT}],
+                calls=calls,
+                call_tokens=[
+                    count_tokens(forced_call(tool, arguments)) + config.call_token_margin
+                    for arguments in calls
+                ],
+                tool=tool,
+                answer_max_tokens=config.answer_max_tokens,
+            )
+        )
+    return programs
