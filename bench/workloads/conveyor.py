@@ -14,6 +14,7 @@ same function, and asks for the answer in a second request."""
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,11 +66,11 @@ class ConveyorConfig(BaseModel):
     answer_max_tokens: int = Field(
         default=24, gt=0, description="Token cap of the answer after the tool's result."
     )
-    call_token_margin: int = Field(
-        default=8,
-        ge=0,
-        description="Tokens a call's budget allows beyond its text's tokenization (the "
-        "engine may write the fixed text in other tokens).",
+    call_token_margin: float = Field(
+        default=1.25,
+        ge=1,
+        description="A call's budget over its text's tokenization (the engine, held to "
+        "the text, may write it in more tokens: up to 15% more was seen).",
     )
 
 
@@ -131,8 +132,12 @@ def _task_arguments(task: str, rng: random.Random) -> dict[str, Any]:
 
 
 def forced_call(tool: str, arguments: dict[str, Any]) -> str:
-    """The call's text as SmolLM2's template has the model write one (hermes)."""
-    return f"<tool_call>\n{json.dumps({'name': tool, 'arguments': arguments})}\n</tool_call>"
+    """The turn's fixed text: a lead sentence, then the call as SmolLM2's template
+    has the model write one (hermes). Under `tool_choice: auto` vLLM 0.32 lets the
+    reply be a call its tools' structural tag allows or the structured output; a
+    text that starts with content can only be the structured output."""
+    call = json.dumps({"name": tool, "arguments": arguments})
+    return f"I will run it.\n<tool_call>\n{call}\n</tool_call>"
 
 
 def conveyor_run(tool: str, arguments: dict[str, Any]) -> str:
@@ -156,8 +161,9 @@ class ConveyorProgram(AgentProgram):
     """Each turn's arguments."""
     call_tokens: list[int] = field(default_factory=list)
     """Each turn's call budget: its text's tokens and the margin. A server that
-    continues the turn has the rest of the request's budget for the answer, so the
-    answer's cap is the same whoever runs the tool."""
+    continues the turn has the rest of the request's budget for the answer, and so
+    has the agent that runs the call itself: the answer's cap is the same whoever
+    runs the tool."""
     tool: str = ""
     answer_max_tokens: int = 24
     _answering: bool = False
@@ -224,7 +230,7 @@ def generate_conveyor(
                 messages=[{"role": "system", "content": SYSTEM_PROMPT}],
                 calls=calls,
                 call_tokens=[
-                    count_tokens(forced_call(tool, arguments)) + config.call_token_margin
+                    math.ceil(count_tokens(forced_call(tool, arguments)) * config.call_token_margin)
                     for arguments in calls
                 ],
                 tool=tool,
