@@ -101,6 +101,8 @@ def test_what_changes_the_reply_changes_the_key_and_who_asks_scopes_it() -> None
         key(REQUEST, session="s1"),
         ResponseCachePolicy("deployment-b").cacheable(REQUEST, True, "t", None).digest,  # type: ignore[union-attr]
         POLICY.cacheable(REQUEST, False, "t", None).digest,  # type: ignore[union-attr]
+        POLICY.cacheable(REQUEST, True, "t", None, None, False).digest,  # type: ignore[union-attr]
+        POLICY.cacheable(REQUEST, True, "t", None, None, True).digest,  # type: ignore[union-attr]
     ]
     assert base not in changed and len(set(changed)) == len(changed)
     assert key(REQUEST, session="s1") != key(REQUEST, session="s2")
