@@ -131,6 +131,33 @@ def _calls_stopped(cluster: Endpoints) -> float:
 LEAD = "Sure.\n"
 
 
+def _written_turn(
+    client: OpenAI,
+    model: str,
+    cluster: Endpoints,
+    tool: str,
+    call: str,
+    options: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """A streamed `tool_choice: auto` turn whose text is LEAD and `call` (a hermes
+    call of hosted `tool`): the messages the server added."""
+    stream = client.chat.completions.create(
+        model=model,
+        messages=QUESTION,
+        tools=[t for t in _hosted_tools(cluster) if t["function"]["name"] == tool],
+        tool_choice="auto",
+        temperature=0,
+        max_tokens=160,
+        stream=True,
+        extra_body={"structured_outputs": {"choice": [LEAD + call]}}
+        | ({"toolserve": options} if options else {}),
+    )
+    executed: list[dict[str, Any]] = []
+    for chunk in stream:
+        executed += ((chunk.model_extra or {}).get("toolserve") or {}).get("executed_messages", [])
+    return executed
+
+
 def test_a_streamed_call_that_cannot_be_valid_is_stopped_and_written_again(
     client: OpenAI, model_name: str, cluster: Endpoints, healthy_after: None
 ) -> None:
@@ -139,28 +166,14 @@ def test_a_streamed_call_that_cannot_be_valid_is_stopped_and_written_again(
     call): decoding stops there (the server closes the engine's stream, which
     aborts vLLM's request) and the next round sees the call and why it was
     stopped."""
-    calculator = [t for t in _hosted_tools(cluster) if t["function"]["name"] == "calculator"]
     tail = " ".join(["then some further words the model never needs to write"] * 8)
     written = (
-        LEAD
-        + '<tool_call>\n{"name": "calculator", "arguments": {"expression": 42, "note": "'
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": 42, "note": "'
         + tail
         + '"}}\n</tool_call>'
     )
     stopped_before = _calls_stopped(cluster)
-    stream = client.chat.completions.create(
-        model=model_name,
-        messages=QUESTION,
-        tools=calculator,
-        tool_choice="auto",
-        temperature=0,
-        max_tokens=160,
-        stream=True,
-        extra_body={"structured_outputs": {"choice": [written]}},
-    )
-    executed: list[dict[str, Any]] = []
-    for chunk in stream:
-        executed += ((chunk.model_extra or {}).get("toolserve") or {}).get("executed_messages", [])
+    executed = _written_turn(client, model_name, cluster, "calculator", written)
     call_message, tool_message = executed[:2]
     (call,) = call_message["tool_calls"]
     assert call["function"] == {"name": "calculator", "arguments": '{"expression": 42}'}
@@ -188,32 +201,18 @@ def test_a_plan_streamed_by_the_engine_runs_stage_by_stage_while_it_is_written(
     them (structured outputs fix the text here), so the plan's run starts at the
     call's name and its stages run while later ones are decoded; its result is
     the whole plan's."""
-    run_plan = [t for t in _hosted_tools(cluster) if t["function"]["name"] == "run_plan"]
     stages = [
         {"tool": "calculator", "input": "6 * 7"},
         {"tool": "search", "input": "for statement loop"},
         {"tool": "calculator", "input": "2 ** 10 - 24"},
     ]
     written = (
-        LEAD
-        + '<tool_call>\n{"name": "run_plan", "arguments": '
+        '<tool_call>\n{"name": "run_plan", "arguments": '
         + json.dumps({"stages": stages})
         + "}\n</tool_call>"
     )
     before = _overlapped_beyond(cluster, 0.1)
-    stream = client.chat.completions.create(
-        model=model_name,
-        messages=[{"role": "user", "content": "Compute 6*7, look up for loops, then 2**10-24."}],
-        tools=run_plan,
-        tool_choice="auto",
-        temperature=0,
-        max_tokens=160,
-        stream=True,
-        extra_body={"structured_outputs": {"choice": [written]}},
-    )
-    executed: list[dict[str, Any]] = []
-    for chunk in stream:
-        executed += ((chunk.model_extra or {}).get("toolserve") or {}).get("executed_messages", [])
+    executed = _written_turn(client, model_name, cluster, "run_plan", written)
     call_message, tool_message = executed[:2]
     assert json.loads(call_message["tool_calls"][0]["function"]["arguments"]) == {"stages": stages}
     assert tool_message["content"] == plan_tool.run_plan(stages)
@@ -229,26 +228,9 @@ def test_a_plan_streamed_by_the_engine_runs_stage_by_stage_while_it_is_written(
 def test_a_request_may_turn_stopping_off(
     client: OpenAI, model_name: str, cluster: Endpoints
 ) -> None:
-    calculator = [t for t in _hosted_tools(cluster) if t["function"]["name"] == "calculator"]
-    written = (
-        LEAD + '<tool_call>\n{"name": "calculator", "arguments": {"expression": 42}}\n</tool_call>'
-    )
-    stream = client.chat.completions.create(
-        model=model_name,
-        messages=QUESTION,
-        tools=calculator,
-        tool_choice="auto",
-        temperature=0,
-        max_tokens=96,
-        stream=True,
-        extra_body={
-            "structured_outputs": {"choice": [written]},
-            "toolserve": {"stop_invalid_calls": False},
-        },
-    )
-    executed: list[dict[str, Any]] = []
-    for chunk in stream:
-        executed += ((chunk.model_extra or {}).get("toolserve") or {}).get("executed_messages", [])
+    written = '<tool_call>\n{"name": "calculator", "arguments": {"expression": 42}}\n</tool_call>'
+    options = {"stop_invalid_calls": False}
+    executed = _written_turn(client, model_name, cluster, "calculator", written, options)
     call_message, tool_message = executed[:2]
     assert json.loads(call_message["tool_calls"][0]["function"]["arguments"]) == {"expression": 42}
     assert "stopped while it was written" not in tool_message["content"]
