@@ -160,7 +160,7 @@ class ConveyorProgram(AgentProgram):
     calls: list[dict[str, Any]] = field(default_factory=list)
     """Each turn's arguments."""
     call_tokens: list[int] = field(default_factory=list)
-    """Each turn's call budget: its text's tokens and the margin. A server that
+    """Each turn's call budget: its text's tokens times the margin. A server that
     continues the turn has the rest of the request's budget for the answer, and so
     has the agent that runs the call itself: the answer's cap is the same whoever
     runs the tool."""
@@ -211,7 +211,8 @@ class ConveyorProgram(AgentProgram):
 def generate_conveyor(
     config: ConveyorConfig, seed: int, count_tokens: Callable[[str], int]
 ) -> list[ConveyorProgram]:
-    """`count_tokens`: the served model's tokenizer, for the calls' budgets."""
+    """`count_tokens`: a tokenizer's count, for the calls' budgets (the workload's
+    plan uses the embedded default's; another `--model` may need a larger margin)."""
     rng = random.Random(seed)
     schemas = conveyor_tool_schemas()
     kinds = [task for task in TASKS for _ in range(config.programs_per_task)]
