@@ -132,8 +132,6 @@ REPLICA_HEADER = "x-toolserve-replica"
 def reply_from_completion(completion: Any, replica: str | None = None) -> Reply:
     choice = completion.choices[0]
     message = choice.message
-    usage = completion.usage
-    details = getattr(usage, "prompt_tokens_details", None) if usage else None
     return Reply(
         content=message.content,
         tool_calls=tuple(
@@ -141,12 +139,20 @@ def reply_from_completion(completion: Any, replica: str | None = None) -> Reply:
             for call in message.tool_calls or ()
         ),
         finish_reason=choice.finish_reason,
-        prompt_tokens=usage.prompt_tokens if usage else 0,
-        cached_tokens=getattr(details, "cached_tokens", None) if details else None,
-        completion_tokens=usage.completion_tokens if usage else 0,
+        **_token_counts(completion.usage),
         executed_messages=tuple(executed_messages(completion.model_extra)),
         replica=replica,
     )
+
+
+def _token_counts(usage: Any) -> dict[str, Any]:
+    """A reply's `usage` as `Reply`'s token fields."""
+    details = getattr(usage, "prompt_tokens_details", None) if usage else None
+    return {
+        "prompt_tokens": usage.prompt_tokens if usage else 0,
+        "cached_tokens": getattr(details, "cached_tokens", None) if details else None,
+        "completion_tokens": usage.completion_tokens if usage else 0,
+    }
 
 
 async def reply_from_stream(chunks: Any, replica: str | None = None) -> Reply:
@@ -162,14 +168,11 @@ async def reply_from_stream(chunks: Any, replica: str | None = None) -> Reply:
             content += choice.delta.content or ""
             finish_reason = choice.finish_reason or finish_reason
             calls.feed([call.model_dump() for call in choice.delta.tool_calls or ()])
-    details = getattr(usage, "prompt_tokens_details", None) if usage else None
     return Reply(
         content=content or None,
         tool_calls=tuple(ToolCall(c.id, c.name, c.arguments) for c in calls.calls()),
         finish_reason=finish_reason,
-        prompt_tokens=usage.prompt_tokens if usage else 0,
-        cached_tokens=getattr(details, "cached_tokens", None) if details else None,
-        completion_tokens=usage.completion_tokens if usage else 0,
+        **_token_counts(usage),
         executed_messages=tuple(executed),
         replica=replica,
     )

@@ -438,7 +438,7 @@ class Continuation:
             partial = self._partial_execution()
             validator = self._validator(round_index)
             watch = (
-                RoundCalls(partial, validator, self._client_tools())
+                RoundCalls(partial, validator, self._client_tools)
                 if partial is not None or validator is not None
                 else None
             )
@@ -506,17 +506,22 @@ class Continuation:
             or round_index > self._config.max_rounds
         ):
             return None
+        return self._declared_tools_validator.next_reply()
+
+    @functools.cached_property
+    def _declared_tools_validator(self) -> CallValidator:
         return CallValidator(self._body["tools"])
 
+    @functools.cached_property
     def _client_tools(self) -> set[str]:
-        hosted = self._hosted_names()
         declared = {
             tool["function"]["name"]
             for tool in self._body["tools"]
             if isinstance(tool, dict) and isinstance(tool.get("function"), dict)
         }
-        return {name for name in declared if name not in hosted}
+        return declared - self._hosted_names
 
+    @functools.cached_property
     def _hosted_names(self) -> set[str]:
         return declared_hosted_tools(self._body["tools"], self._tools.registry.openai_schemas())
 
@@ -524,7 +529,7 @@ class Continuation:
         """A round's partial runs, when some declared hosted tool takes partial input."""
         if not self._tools.runs_partial_calls:
             return None
-        hosted = self._hosted_names()
+        hosted = self._hosted_names
         if not any(self._tools.takes_partial_input(name) for name in hosted):
             return None
         from toolworkers.partial_execution import PartialExecution
@@ -544,7 +549,7 @@ class Continuation:
         A `rejected` call is answered with the reason it was stopped."""
         tools = self._tools
         program_id = str(self._body.get("session_id") or "")
-        hosted_names = self._hosted_names()
+        hosted_names = self._hosted_names
         is_hosted = [
             call.name in hosted_names or (rejected is not None and index == rejected.index)
             for index, call in enumerate(calls)

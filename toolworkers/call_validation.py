@@ -8,6 +8,7 @@ the call's close a missing required argument."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -90,6 +91,13 @@ class CallValidator:
         self._calls: dict[int, _ToolSchema] = {}
         self._growing: dict[tuple[int, str], str] = {}
         self._rejected: set[int] = set()
+
+    def next_reply(self) -> CallValidator:
+        """A validator for another reply to the same request: the declared tools'
+        schemas, checked once, are shared."""
+        fresh = copy.copy(self)
+        fresh._calls, fresh._growing, fresh._rejected = {}, {}, set()
+        return fresh
 
     def check(self, event: CallEvent) -> CallRejected | None:
         if event.index in self._rejected:
