@@ -1,8 +1,8 @@
 """Grafana dashboards as code (Grafana's own `grafana-foundation-sdk`): overview,
-KV, tools and routing, over the metrics Ray's agent exports (toolserve's, vLLM's
-and Serve's, each with Ray's `ray_` prefix). `toolserve dashboards export DIR`
-writes them as JSON; `toolserve dashboards push` loads them into a Grafana
-(its HTTP API)."""
+prompts and decoding, KV, tools and routing, over the metrics Ray's agent exports
+(toolserve's, vLLM's and Serve's, each with Ray's `ray_` prefix). `toolserve
+dashboards export DIR` writes them as JSON; `toolserve dashboards push` loads them
+into a Grafana (its HTTP API)."""
 
 from __future__ import annotations
 
@@ -113,6 +113,28 @@ DASHBOARDS: dict[str, tuple[str, tuple[PanelSpec, ...]]] = {
                 ),
             ),
             PanelSpec(
+                "Healthy replicas by deployment",
+                "short",
+                (
+                    Query(
+                        "sum by (deployment) (ray_serve_deployment_replica_healthy)",
+                        "{{deployment}}",
+                    ),
+                ),
+            ),
+        ),
+    ),
+    "toolserve-engine": (
+        "toolserve: prompts and decoding",
+        (
+            PanelSpec(
+                "Response cache lookups by result",
+                "reqps",
+                (_rate("ray_toolserve_response_cache_lookups_total", "result"),),
+                "Deterministic chat requests looked up in the response cache; a hit is "
+                "answered without the engine.",
+            ),
+            PanelSpec(
                 "Chat front end CPU per prompt by stage",
                 "s",
                 (
@@ -126,12 +148,35 @@ DASHBOARDS: dict[str, tuple[str, tuple[PanelSpec, ...]]] = {
                 "template, tokenizing (through the tokenize cache when it is on).",
             ),
             PanelSpec(
-                "Healthy replicas by deployment",
-                "short",
+                "Prompt tokens whose ids the tokenize cache held",
+                "percentunit",
                 (
                     Query(
-                        "sum by (deployment) (ray_serve_deployment_replica_healthy)",
-                        "{{deployment}}",
+                        "sum(rate(ray_toolserve_tokenize_cache_tokens_total"
+                        '{source="cached"}[5m])) '
+                        "/ sum(rate(ray_toolserve_tokenize_cache_tokens_total[5m]))",
+                        "cached / all",
+                    ),
+                ),
+                "A turn that extends an earlier prompt tokenizes only what it adds.",
+            ),
+            PanelSpec(
+                "Prompt lookup: drafted tokens by region",
+                "ops",
+                (_rate("ray_toolserve_prompt_lookup_drafted_tokens_total", "region"),),
+                "Tokens copied from the prompt as drafts and verified by the main model, "
+                "in tool-call text and in prose.",
+            ),
+            PanelSpec(
+                "Prompt lookup: share of drafted tokens accepted by region",
+                "percentunit",
+                (
+                    Query(
+                        "sum by (region) "
+                        "(rate(ray_toolserve_prompt_lookup_accepted_tokens_total[5m])) "
+                        "/ sum by (region) "
+                        "(rate(ray_toolserve_prompt_lookup_drafted_tokens_total[5m]))",
+                        "{{region}}",
                     ),
                 ),
             ),
@@ -255,6 +300,13 @@ DASHBOARDS: dict[str, tuple[str, tuple[PanelSpec, ...]]] = {
                 ),
                 "Per call run on partial input: tool time spent while the model was "
                 "still writing the call.",
+            ),
+            PanelSpec(
+                "Streamed calls stopped by reason",
+                "ops",
+                (_rate("ray_toolserve_tool_calls_stopped_total", "reason"),),
+                "Calls of tools the server answers whose decoding stopped as soon as "
+                "they could no longer be valid; the model writes them again.",
             ),
         ),
     ),

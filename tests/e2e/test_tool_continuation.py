@@ -14,6 +14,7 @@ import httpx
 import pytest
 from openai import OpenAI
 from prometheus_text import histogram_buckets, metric_total
+from written_calls import invalid_calculator_call, written_turn
 
 from cluster.launch.demo import run_demo
 from cluster.launch.launcher import Endpoints
@@ -124,13 +125,6 @@ def _calls_stopped(cluster: Endpoints) -> float:
     return metric_total(text, "toolserve_tool_calls_stopped_total", reason="bad_argument")
 
 
-# vLLM 0.32 lets a `tool_choice: auto` reply with structured outputs be either a call
-# its tools' structural tag allows or the structured output; a fixed text that starts
-# with content (not with `<tool_call>`) can only be the latter, so the model writes
-# exactly this text, and vLLM's hermes parser streams its call as it is written.
-LEAD = "Sure.\n"
-
-
 def _written_turn(
     client: OpenAI,
     model: str,
@@ -139,23 +133,8 @@ def _written_turn(
     call: str,
     options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """A streamed `tool_choice: auto` turn whose text is LEAD and `call` (a hermes
-    call of hosted `tool`): the messages the server added."""
-    stream = client.chat.completions.create(
-        model=model,
-        messages=QUESTION,
-        tools=[t for t in _hosted_tools(cluster) if t["function"]["name"] == tool],
-        tool_choice="auto",
-        temperature=0,
-        max_tokens=160,
-        stream=True,
-        extra_body={"structured_outputs": {"choice": [LEAD + call]}}
-        | ({"toolserve": options} if options else {}),
-    )
-    executed: list[dict[str, Any]] = []
-    for chunk in stream:
-        executed += ((chunk.model_extra or {}).get("toolserve") or {}).get("executed_messages", [])
-    return executed
+    tools = [t for t in _hosted_tools(cluster) if t["function"]["name"] == tool]
+    return written_turn(client, model, QUESTION, tools, call, options)
 
 
 def test_a_streamed_call_that_cannot_be_valid_is_stopped_and_written_again(
@@ -166,14 +145,8 @@ def test_a_streamed_call_that_cannot_be_valid_is_stopped_and_written_again(
     call): decoding stops there (the server closes the engine's stream, which
     aborts vLLM's request) and the next round sees the call and why it was
     stopped."""
-    tail = " ".join(["then some further words the model never needs to write"] * 8)
-    written = (
-        '<tool_call>\n{"name": "calculator", "arguments": {"expression": 42, "note": "'
-        + tail
-        + '"}}\n</tool_call>'
-    )
     stopped_before = _calls_stopped(cluster)
-    executed = _written_turn(client, model_name, cluster, "calculator", written)
+    executed = _written_turn(client, model_name, cluster, "calculator", invalid_calculator_call())
     call_message, tool_message = executed[:2]
     (call,) = call_message["tool_calls"]
     assert call["function"] == {"name": "calculator", "arguments": '{"expression": 42}'}

@@ -1,10 +1,10 @@
 """Two main-model replicas behind the session router, on the real stack. The
 dashboards' queries, evaluated by a real Prometheus scraping the cluster after a
-few agent programs, all return data, and `toolserve dashboards render` draws
-them from it. Every turn of a program lands on one
-replica; when that replica dies between turns, the next turn is served by the
-other, no request fails, and the dead replica's TTL-ledger entry goes away (long
-before its pin would have expired); when one dies while agents run, no turn
+few agent programs and the turns that fill the other panels, all return data, and
+`toolserve dashboards render` draws them from it. Every turn of a program lands
+on one replica; when that replica dies between turns, the next turn is served by
+the other, no request fails, and the dead replica's TTL-ledger entry goes away
+(long before its pin would have expired); when one dies while agents run, no turn
 fails."""
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import redis
 from load_agents import API_KEY, AUTH, Agent, calculator_tool, run_agents, turns_more
 from openai import OpenAI
 from programs import cluster_program_id
+from written_calls import invalid_calculator_call, written_turn
 
 from cluster.config import ToolserveConfig, load_config
 from cluster.launch.dashboards import build_dashboards, panel_queries
@@ -163,6 +164,32 @@ def _speculate_then_search(endpoints: Endpoints, model: str) -> None:
         pass
 
 
+def _repeat_then_stop_a_call(endpoints: Endpoints, model: str) -> None:
+    """What the response-cache and stopped-call panels show: a greedy question
+    asked twice (the repeat is answered from the kept reply) and a calculator
+    call written with a number for its expression, stopped while it streams."""
+    client = OpenAI(base_url=endpoints.api_base, api_key=API_KEY, max_retries=0, timeout=180)
+    question = [{"role": "user", "content": f"Name a colour. ({uuid.uuid4().hex[:8]})"}]
+    answered = [
+        client.chat.completions.with_raw_response.create(
+            model=model,
+            messages=question,
+            temperature=0,
+            max_tokens=8,  # type: ignore[arg-type]
+        ).headers.get("x-toolserve-cache")
+        for _ in range(2)
+    ]
+    assert answered == ["miss", "hit"], answered
+    executed = written_turn(
+        client,
+        model,
+        [{"role": "user", "content": "What is 1234 * 5678?"}],
+        [calculator_tool(endpoints)],
+        invalid_calculator_call(),
+    )
+    assert "stopped while it was written" in executed[1]["content"], executed
+
+
 def test_every_dashboard_query_returns_data_on_a_real_prometheus(
     two_replicas: Endpoints, two_replica_config: ToolserveConfig, tmp_path: Path
 ) -> None:
@@ -180,6 +207,7 @@ def test_every_dashboard_query_returns_data_on_a_real_prometheus(
         assert set(run_agents(agents, turns_more(agents, 4))) == {"ok"}
         assert all(agent.end(two_replicas) == 200 for agent in agents)
         _speculate_then_search(two_replicas, model)
+        _repeat_then_stop_a_call(two_replicas, model)
         unknown = httpx.post(
             f"{two_replicas.api_base}/chat/completions",
             json={"model": "no-such-model", "messages": [{"role": "user", "content": "Hi"}]},

@@ -15,6 +15,7 @@ def test_the_dashboards_and_their_panels() -> None:
     built = build_dashboards()
     assert set(built) == {
         "toolserve-overview",
+        "toolserve-engine",
         "toolserve-kv",
         "toolserve-tools",
         "toolserve-routing",

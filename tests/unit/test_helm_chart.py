@@ -96,7 +96,7 @@ def test_a_profile_renders_lints_and_validates(values_file: Path) -> None:
     objects = _objects(render_chart(values, release="agents", namespace="serving"))
     kinds = sorted(obj["kind"] for obj in objects)
     assert kinds == [
-        *["ConfigMap"] * 4,
+        *["ConfigMap"] * len(build_dashboards()),
         *["PodMonitor", "RayService", "Service", "Service", "StatefulSet"],
     ]
     for obj in objects:

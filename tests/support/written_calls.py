@@ -1,0 +1,53 @@
+"""Turns whose reply text is fixed, so the real engine streams a chosen tool call
+(well-formed or not) through vLLM's own parser."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from openai import OpenAI
+
+# vLLM 0.32 lets a `tool_choice: auto` reply with structured outputs be either a call
+# its tools' structural tag allows or the structured output; a fixed text that starts
+# with content (not with `<tool_call>`) can only be the latter, so the model writes
+# exactly this text, and vLLM's hermes parser streams its call as it is written.
+LEAD = "Sure.\n"
+
+
+def written_turn(
+    client: OpenAI,
+    model: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+    call: str,
+    options: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """A streamed `tool_choice: auto` turn whose text is LEAD and `call` (a hermes
+    call of one of `tools`, which the server hosts): the messages the server added."""
+    stream = client.chat.completions.create(
+        model=model,
+        messages=messages,  # type: ignore[arg-type]
+        tools=tools,  # type: ignore[arg-type]
+        tool_choice="auto",
+        temperature=0,
+        max_tokens=160,
+        stream=True,
+        extra_body={"structured_outputs": {"choice": [LEAD + call]}}
+        | ({"toolserve": options} if options else {}),
+    )
+    executed: list[dict[str, Any]] = []
+    for chunk in stream:
+        executed += ((chunk.model_extra or {}).get("toolserve") or {}).get("executed_messages", [])
+    return executed
+
+
+def invalid_calculator_call() -> str:
+    """A calculator call whose first argument is a number where a string belongs,
+    followed by a long argument the model never needs to write once the call is
+    stopped."""
+    tail = " ".join(["then some further words the model never needs to write"] * 8)
+    return (
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": 42, "note": "'
+        + tail
+        + '"}}\n</tool_call>'
+    )
