@@ -310,6 +310,12 @@ class PromptLookupConfig(_Strict):
         description="Text that opens a tool call in the model's output (hermes).",
     )
     call_closing: str = Field(default="</tool_call>", description="Text that closes a tool call.")
+    predicted_calls: bool = Field(
+        default=True,
+        description="While a request writes a tool call, draft from the calls its turn's "
+        "speculation predicted (learned predictions known when the turn starts) before "
+        "the prompt: a correctly predicted call is verified a window at a time.",
+    )
 
     @model_validator(mode="after")
     def _match_range(self) -> PromptLookupConfig:

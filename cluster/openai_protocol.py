@@ -16,7 +16,7 @@ server ran and their results, to insert before the reply's own message."""
 SSE_DONE = "data: [DONE]\n\n"
 
 # Engine arguments (`vllm_xargs`) the ingress adds to a turn for the engine's
-# pinning scheduler and the router.
+# scheduler and the router.
 LAST_STEP_ARG = "toolserve_last_step"
 """The program's last turn: nothing to pin after it."""
 RETAIN_FOR_ARG = "toolserve_retain_for_s"
@@ -25,6 +25,9 @@ EXPECTED_TOOL_ARG = "toolserve_expected_tool_s"
 """The client's expected tool time, seconds."""
 PARENT_PROGRAM_ARG = "toolserve_parent_program"
 """The program a forked program (a sub-agent) was forked from."""
+PREDICTED_CALLS_ARG = "toolserve_predicted_calls"
+"""The calls the turn's speculation predicted, each as its JSON object text
+(`{"name": ..., "arguments": {...}}`): the engine drafts a call's tokens from them."""
 
 
 @dataclass(frozen=True)

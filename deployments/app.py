@@ -233,6 +233,7 @@ def build_application(
             config.server.derive_program_ids,
             config.main.schedules_by_priority,
             config.server.response_cache,
+            config.main.prompt_lookup.enabled and config.main.prompt_lookup.predicted_calls,
         )
     )
 

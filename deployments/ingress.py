@@ -28,6 +28,7 @@ from cluster.openai_protocol import (
     EXPECTED_TOOL_ARG,
     LAST_STEP_ARG,
     PARENT_PROGRAM_ARG,
+    PREDICTED_CALLS_ARG,
     RETAIN_FOR_ARG,
 )
 from cluster.store.pins import ControlOperation, PinningControl, PinStore
@@ -458,6 +459,7 @@ class OpenAIIngress:
         derive_program_ids: bool = False,
         schedules_by_priority: bool = True,
         response_cache: ResponseCacheConfig | None = None,
+        drafts_predicted_calls: bool = False,
     ):
         # NOTE: request validation uses vLLM's request model; importing vLLM takes
         # seconds, so pay for it at start-up rather than on the first request.
@@ -484,6 +486,7 @@ class OpenAIIngress:
         self._limits = limits
         self._derive_program_ids = derive_program_ids
         self._schedules_by_priority = schedules_by_priority
+        self._drafts_predicted_calls = drafts_predicted_calls
         self._deployment_id = deployment_id
         cache_config = response_cache or ResponseCacheConfig()
         self._response_cache = (
@@ -699,6 +702,9 @@ class OpenAIIngress:
             if to_draft
             else self._speculator.start(parsed.body, program_id, tenant, launch=execute_tools)
         )
+        if speculation is not None and speculation.issued and self._drafts_predicted_calls:
+            predicted = {PREDICTED_CALLS_ARG: speculation.issued_call_texts()}
+            chat.vllm_xargs = (chat.vllm_xargs or {}) | predicted
         turn = TurnContext(
             tenant=tenant,
             execute_tools=execute_tools,

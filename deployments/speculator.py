@@ -1,5 +1,6 @@
 """Ingress side of speculative tool calls: for each chat turn that declares hosted
-tools, predict its calls (learned transitions at once, the draft model's λ
+tools, predict its calls (learned transitions at once, before the turn is sent,
+so the engine can draft the call's tokens from them; the draft model's λ
 samples when they arrive), start the chosen ones on the tool workers through
 the global tool cache, and settle them against the calls the turn made, which
 also teach the learned predictor (calls the server ran and calls handed to the
@@ -8,6 +9,7 @@ client alike)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -53,6 +55,14 @@ class SpeculationTurn:
     last_call: ObservedCall | None
     issued: dict[str, PredictedCall] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
+
+    def issued_call_texts(self) -> list[str]:
+        """The calls issued so far, each as its JSON object text (what the model
+        writes inside a call)."""
+        return [
+            json.dumps({"name": call.name, "arguments": call.arguments})
+            for call in self.issued.values()
+        ]
 
 
 class Speculator:
@@ -110,26 +120,27 @@ class Speculator:
             last_call=history[-1] if history else None,
         )
         if launch:
+            learned_chosen: list[PredictedCall] = []
+            if self._config.learned:
+                learned = self._predictor.predict(
+                    turn.agent, turn.last_call, self._config.learned_predictions, turn.user_text
+                )
+                learned_chosen = self._policy.choose(learned, declared)
+                self._launch(learned_chosen, program_id, tenant, turn)
             turn.task = asyncio.create_task(
-                self._speculate(body, turn, declared, program_id, tenant)
+                self._ask_draft_and_launch(body, turn, declared, program_id, tenant, learned_chosen)
             )
         return turn
 
-    async def _speculate(
+    async def _ask_draft_and_launch(
         self,
         body: dict[str, Any],
         turn: SpeculationTurn,
         declared: set[str],
         program_id: str,
         tenant: str,
+        learned_chosen: list[PredictedCall],
     ) -> None:
-        learned_chosen: list[PredictedCall] = []
-        if self._config.learned:
-            learned = self._predictor.predict(
-                turn.agent, turn.last_call, self._config.learned_predictions, turn.user_text
-            )
-            learned_chosen = self._policy.choose(learned, declared)
-            self._launch(learned_chosen, program_id, tenant, turn)
         if self._draft is None or self._draft_model is None:
             return
         if not self._policy.asks_draft(learned_chosen):

@@ -84,12 +84,16 @@ class GateStats:
     regions: dict[str, RegionCounts] = field(
         default_factory=lambda: {CALL: RegionCounts(), PROSE: RegionCounts()}
     )
+    predicted: dict[str, RegionCounts] = field(default_factory=dict)
+    """Of the tool-call region's, the steps whose drafts came from a predicted
+    call, by the predicted call's tool."""
     capped_steps: int = 0
     """Scheduler steps in which the concurrency cap withheld every draft."""
 
     def as_dict(self) -> dict[str, object]:
         return {
             "regions": {name: counts.as_dict() for name, counts in self.regions.items()},
+            "predicted": {tool: counts.as_dict() for tool, counts in self.predicted.items()},
             "capped_steps": self.capped_steps,
         }
 
@@ -114,14 +118,25 @@ class ProposalGate:
         acceptance = self._acceptance.get(request_id, self.settings.initial_acceptance)
         return max(self.settings.prose_floor, min(window, round(window * acceptance)))
 
-    def observe(self, request_id: str, drafted: int, accepted: int, in_call: bool) -> None:
-        """A verified step: `accepted` of `drafted` drafts were right."""
+    def observe(
+        self,
+        request_id: str,
+        drafted: int,
+        accepted: int,
+        in_call: bool,
+        predicted_tool: str | None = None,
+    ) -> None:
+        """A verified step: `accepted` of `drafted` drafts were right; in a call,
+        drafted from `predicted_tool`'s predicted call when one is named."""
         if drafted <= 0:
             return
-        counts = self._stats.regions[CALL if in_call else PROSE]
-        counts.steps += 1
-        counts.drafted += drafted
-        counts.accepted += accepted
+        counted = [self._stats.regions[CALL if in_call else PROSE]]
+        if in_call and predicted_tool is not None:
+            counted.append(self._stats.predicted.setdefault(predicted_tool, RegionCounts()))
+        for counts in counted:
+            counts.steps += 1
+            counts.drafted += drafted
+            counts.accepted += accepted
         if not in_call:
             weight = self.settings.ema_weight
             previous = self._acceptance.get(request_id, self.settings.initial_acceptance)

@@ -34,6 +34,18 @@ class PromptLookupMetrics:
             "token of its own: (accepted + steps) / steps tokens per step).",
             tag_keys=by_region,
         )
+        by_tool = ("tool",)
+        self._predicted_drafted = Counter(
+            "toolserve_predicted_call_drafted_tokens",
+            description="Drafts taken from a call the turn's speculation predicted, "
+            "verified while the request wrote a call, by the predicted call's tool.",
+            tag_keys=by_tool,
+        )
+        self._predicted_accepted = Counter(
+            "toolserve_predicted_call_accepted_tokens",
+            description="Drafts from a predicted call the engine accepted, by tool.",
+            tag_keys=by_tool,
+        )
         self._capped = Counter(
             "toolserve_prompt_lookup_capped_steps",
             description="Engine steps with more decoding requests than `max_decoders`: no drafts.",
@@ -49,6 +61,13 @@ class PromptLookupMetrics:
             ):
                 if counts[key]:
                     counter.inc(counts[key], tags=tags)
+        for tool, counts in stats["predicted"].items():
+            for counter, key in (
+                (self._predicted_drafted, "drafted"),
+                (self._predicted_accepted, "accepted"),
+            ):
+                if counts[key]:
+                    counter.inc(counts[key], tags={"tool": tool})
         if stats["capped_steps"]:
             self._capped.inc(stats["capped_steps"])
 

@@ -1,19 +1,29 @@
-"""vLLM scheduler extension: each step, cuts the n-gram proposer's drafts of each
-decoding request to the length `ProposalGate` allows, and feeds the gate each
-request's verified acceptance. Loaded by name inside the EngineCore process
-(`scheduler_cls`), mixed in before the pinning mixin or vLLM's Scheduler."""
+"""vLLM scheduler extension: each step, replaces the n-gram proposer's drafts of a
+request writing a tool call with the continuation of a call its turn predicted
+(when one matches), cuts each decoding request's drafts to the length
+`ProposalGate` allows, and feeds the gate each request's verified acceptance.
+Loaded by name inside the EngineCore process (`scheduler_cls`), mixed in before
+the pinning mixin or vLLM's Scheduler."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.request import Request
 
+from cluster.openai_protocol import PREDICTED_CALLS_ARG
 from deployments.admission.scheduler import CellBudgetMixin
 from deployments.pinning.scheduler import PinningSchedulerMixin
 from deployments.prompt_lookup.gate import CallRegions, GateSettings, ProposalGate
+from deployments.prompt_lookup.predicted import (
+    PredictedCallDrafter,
+    PredictedCallTokens,
+    PredictedDraft,
+    predicted_call_text,
+)
 from deployments.prompt_lookup.settings import from_additional_config
 
 
@@ -49,11 +59,33 @@ class PromptLookupGateMixin:
             tokenizer.encode(config.call_closing, add_special_tokens=False),
         )
         self._regions_read: dict[str, int] = {}
-        self._granted_in_call: dict[str, bool] = {}
+        self._granted: dict[str, tuple[bool, str | None]] = {}
+        """Requests granted drafts this step: in a call, and the predicted call's
+        tool where the drafts came from one."""
+        self._tokenizer = tokenizer
+        self._call_markers = (config.call_opening, config.call_closing)
+        self._draft_predicted_calls = config.predicted_calls
+        self._drafter = PredictedCallDrafter(config.min_match, config.max_match)
+        self._predictions: dict[str, tuple[PredictedCallTokens, ...]] = {}
 
     def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
-        super().update_draft_token_ids(draft_token_ids)  # type: ignore[misc]
         base: Scheduler = self
+        in_call: dict[str, bool] = {}
+        predicted_tool: dict[str, str] = {}
+        drafts = list(draft_token_ids.draft_token_ids)
+        for index, request_id in enumerate(draft_token_ids.req_ids):
+            request = base.requests.get(request_id)
+            if request is None:
+                continue
+            in_call[request_id] = self._in_call(request)
+            predicted = self._predicted_draft(request) if in_call[request_id] else None
+            if predicted is not None:
+                drafts[index] = predicted.tokens
+                predicted_tool[request_id] = predicted.tool
+        # vLLM's own update checks the drafts against a structured output's grammar.
+        super().update_draft_token_ids(  # type: ignore[misc]
+            DraftTokenIds(draft_token_ids.req_ids, drafts)
+        )
         allowed = self._gate.allows_drafts(len(base.running))
         for request_id in draft_token_ids.req_ids:
             request = base.requests.get(request_id)
@@ -62,11 +94,39 @@ class PromptLookupGateMixin:
             if not allowed:
                 request.spec_token_ids = []
                 continue
-            in_call = self._in_call(request)
-            length = self._gate.draft_length(request_id, in_call)
+            length = self._gate.draft_length(request_id, in_call[request_id])
             request.spec_token_ids = request.spec_token_ids[:length]
             if length:
-                self._granted_in_call[request_id] = in_call
+                self._granted[request_id] = (
+                    in_call[request_id],
+                    predicted_tool.get(request_id),
+                )
+
+    def _predicted_draft(self, request: Request) -> PredictedDraft | None:
+        predictions = self._predictions.get(request.request_id)
+        if predictions is None:
+            predictions = self._read_predictions(request)
+            self._predictions[request.request_id] = predictions
+        if not predictions:
+            return None
+        output = request.output_token_ids
+        tail = list(output[max(0, len(output) - self._drafter.max_match) :])
+        return self._drafter.propose(predictions, tail, self._gate.settings.window)
+
+    def _read_predictions(self, request: Request) -> tuple[PredictedCallTokens, ...]:
+        if not self._draft_predicted_calls or request.sampling_params is None:
+            return ()
+        texts = (request.sampling_params.extra_args or {}).get(PREDICTED_CALLS_ARG) or []
+        predictions = []
+        for text in texts if isinstance(texts, list) else []:
+            try:
+                tool = json.loads(text)["name"]
+            except (TypeError, ValueError, KeyError):
+                continue
+            whole = predicted_call_text(self._call_markers[0], self._call_markers[1], text)
+            tokens = self._tokenizer.encode(whole, add_special_tokens=False)
+            predictions.append(PredictedCallTokens(str(tool), tuple(tokens)))
+        return tuple(predictions)
 
     def _in_call(self, request: Request) -> bool:
         output = request.output_token_ids
@@ -84,10 +144,17 @@ class PromptLookupGateMixin:
     ) -> Any:
         # Drafts this gate did not grant (vLLM's placeholders for a request's
         # first step) are not the proposer's: they say nothing of its acceptance.
-        in_call = self._granted_in_call.pop(request_id, None)
-        if in_call is not None:
+        granted = self._granted.pop(request_id, None)
+        if granted is not None:
+            in_call, predicted_tool = granted
             invalid = (num_invalid_spec_tokens or {}).get(request_id, 0)
-            self._gate.observe(request_id, num_draft_tokens - invalid, num_accepted_tokens, in_call)
+            self._gate.observe(
+                request_id,
+                num_draft_tokens - invalid,
+                num_accepted_tokens,
+                in_call,
+                predicted_tool,
+            )
         return super().make_spec_decoding_stats(  # type: ignore[misc]
             spec_decoding_stats,
             num_draft_tokens,
@@ -100,7 +167,8 @@ class PromptLookupGateMixin:
         self._gate.forget(request.request_id)
         self._regions.forget(request.request_id)
         self._regions_read.pop(request.request_id, None)
-        self._granted_in_call.pop(request.request_id, None)
+        self._granted.pop(request.request_id, None)
+        self._predictions.pop(request.request_id, None)
         return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
 
     def prompt_lookup_stats(self) -> dict[str, object]:

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -241,6 +241,10 @@ def test_every_dashboard_query_returns_data_on_a_real_prometheus(
                 prometheus.url,
                 "--start",
                 started.isoformat(),
+                # A range's last point is a step or less before its end: ending it
+                # past now keeps a point after the scrapes the queries above saw.
+                "--end",
+                (datetime.now(UTC) + timedelta(seconds=10)).isoformat(),
                 "--step",
                 "5",
             ],
