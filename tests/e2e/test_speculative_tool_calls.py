@@ -151,3 +151,60 @@ def test_the_client_sdk_runs_a_predicted_tool_once_and_reuses_it(
         )
     roles = [message["role"] for message in turn.history_messages()]
     assert roles in (["assistant", "tool"], ["assistant", "tool", "assistant"])
+
+
+def _calculator_called(index: int, expression: str) -> dict[str, Any]:
+    arguments = json.dumps({"expression": expression})
+    function = {"name": "calculator", "arguments": arguments}
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": f"call-{index}", "type": "function", "function": function}],
+    }
+
+
+def _predicted_tokens_accepted(cluster: Endpoints) -> float:
+    text = httpx.get(cluster.metrics_url, timeout=10).text
+    return metric_total(text, "toolserve_predicted_call_accepted_tokens_total", tool="calculator")
+
+
+def test_a_learned_call_is_drafted_by_the_engine_while_the_model_writes_it(
+    client: OpenAI, model_name: str, cluster: Endpoints
+) -> None:
+    """Shown two calculator calls, SmolLM2 writes a third of its own (`tool_choice:
+    auto`, so as hermes text the engine sees). Two turns that hand it back teach
+    the learned predictor; the next turn carries the prediction to the engine,
+    which drafts the call's tokens from it and has them accepted."""
+    listed = httpx.get(f"{cluster.api_base}/tools", timeout=30).json()["data"]
+    tools = [tool for tool in listed if tool["function"]["name"] == "calculator"]
+    conversation = [
+        {"role": "system", "content": f"You answer with one calculator call ({uuid.uuid4().hex[:6]})."},
+        {"role": "user", "content": "What is 12 * 7?"},
+        _calculator_called(1, "12 * 7"),
+        {"role": "user", "content": "And 300 / 4?"},
+        _calculator_called(2, "300 / 4"),
+        {"role": "user", "content": "How many minutes are in a week?"},
+    ]
+
+    def turn(execute_tools: bool) -> Any:
+        return client.chat.completions.create(
+            model=model_name,
+            messages=conversation,  # type: ignore[arg-type]
+            tools=tools,  # type: ignore[arg-type]
+            tool_choice="auto",
+            temperature=0,
+            max_tokens=64,
+            extra_headers={"X-Session-ID": f"drafted-{uuid.uuid4().hex[:8]}"},
+            extra_body={"toolserve": {"execute_tools": execute_tools}},
+        )
+
+    handed_back = [turn(execute_tools=False).choices[0].message for _ in range(2)]
+    calls = [message.tool_calls[0].function for message in handed_back if message.tool_calls]
+    assert len(calls) == 2 and calls[0] == calls[1], handed_back
+
+    accepted_before = _predicted_tokens_accepted(cluster)
+    turn(execute_tools=True)
+    deadline = time.monotonic() + 90
+    while _predicted_tokens_accepted(cluster) <= accepted_before:
+        assert time.monotonic() < deadline, "no drafts from the predicted call were accepted"
+        time.sleep(2)

@@ -115,6 +115,16 @@ def test_stats_count_drafts_and_acceptance_by_region_until_taken() -> None:
     assert gate.take_stats().regions[CALL].steps == 0
 
 
+def test_drafts_from_a_predicted_call_count_in_the_call_region_and_by_tool() -> None:
+    gate = ProposalGate(SETTINGS)
+    gate.observe("a", drafted=5, accepted=5, in_call=True, predicted_tool="search")
+    gate.observe("a", drafted=3, accepted=1, in_call=True)
+    gate.observe("b", drafted=2, accepted=2, in_call=False, predicted_tool="search")
+    stats = gate.take_stats().as_dict()
+    assert stats["regions"][CALL] == {"steps": 2, "drafted": 8, "accepted": 6}
+    assert stats["predicted"] == {"search": {"steps": 1, "drafted": 5, "accepted": 5}}
+
+
 def test_smollm2s_hermes_calls_are_found_in_its_token_stream_token_by_token() -> None:
     tokenizer = AutoTokenizer.from_pretrained(
         resolve_model(EMBEDDED_SCHEME + SMOLLM2, load_config().cache_dir)
