@@ -277,6 +277,24 @@ DASHBOARDS: dict[str, tuple[str, tuple[PanelSpec, ...]]] = {
                 "Used: the turn then made the predicted call. Issued less used were wasted.",
             ),
             PanelSpec(
+                "Predicted calls as drafts: tokens accepted by tool",
+                "ops",
+                (
+                    Query(
+                        "sum by (tool) "
+                        "(rate(ray_toolserve_predicted_call_drafted_tokens_total[5m]))",
+                        "drafted {{tool}}",
+                    ),
+                    Query(
+                        "sum by (tool) "
+                        "(rate(ray_toolserve_predicted_call_accepted_tokens_total[5m]))",
+                        "accepted {{tool}}",
+                    ),
+                ),
+                "Tokens of a call the engine drafted from the turn's predicted call "
+                "while the model wrote it; each accepted one is a decode step saved.",
+            ),
+            PanelSpec(
                 "Tool time saved by origin",
                 "s",
                 (

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI, OpenAI
 from prometheus_text import metric_total
+from written_calls import CALCULATOR_FEW_SHOT
 
 from bench.tools import record_text
 from cluster.config import ToolserveConfig
@@ -153,16 +154,6 @@ def test_the_client_sdk_runs_a_predicted_tool_once_and_reuses_it(
     assert roles in (["assistant", "tool"], ["assistant", "tool", "assistant"])
 
 
-def _calculator_called(index: int, expression: str) -> dict[str, Any]:
-    arguments = json.dumps({"expression": expression})
-    function = {"name": "calculator", "arguments": arguments}
-    return {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [{"id": f"call-{index}", "type": "function", "function": function}],
-    }
-
-
 def _predicted_tokens_accepted(cluster: Endpoints) -> float:
     text = httpx.get(cluster.metrics_url, timeout=10).text
     return metric_total(text, "toolserve_predicted_call_accepted_tokens_total", tool="calculator")
@@ -177,19 +168,11 @@ def test_a_learned_call_is_drafted_by_the_engine_while_the_model_writes_it(
     which drafts the call's tokens from it and has them accepted."""
     listed = httpx.get(f"{cluster.api_base}/tools", timeout=30).json()["data"]
     tools = [tool for tool in listed if tool["function"]["name"] == "calculator"]
-    conversation = [
-        {"role": "system", "content": "You answer with one calculator call."},
-        {"role": "user", "content": "What is 12 * 7?"},
-        _calculator_called(1, "12 * 7"),
-        {"role": "user", "content": "And 300 / 4?"},
-        _calculator_called(2, "300 / 4"),
-        {"role": "user", "content": "How many minutes are in a week?"},
-    ]
 
     def turn(execute_tools: bool) -> Any:
         return client.chat.completions.create(
             model=model_name,
-            messages=conversation,  # type: ignore[arg-type]
+            messages=CALCULATOR_FEW_SHOT,  # type: ignore[arg-type]
             tools=tools,  # type: ignore[arg-type]
             tool_choice="auto",
             temperature=0,

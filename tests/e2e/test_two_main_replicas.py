@@ -10,7 +10,6 @@ fails."""
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 import threading
@@ -29,7 +28,7 @@ import redis
 from load_agents import API_KEY, AUTH, Agent, calculator_tool, run_agents, turns_more
 from openai import OpenAI
 from programs import cluster_program_id
-from written_calls import invalid_calculator_call, written_turn
+from written_calls import CALCULATOR_FEW_SHOT, invalid_calculator_call, written_turn
 
 from cluster.config import ToolserveConfig, load_config
 from cluster.launch.dashboards import build_dashboards, panel_queries
@@ -130,21 +129,18 @@ def _speculate_then_search(endpoints: Endpoints, model: str) -> None:
     """What the tools dashboard's speculation and partial-execution panels show:
     two turns that hand a calculator call back teach the learned predictor, so
     the same turn run by the server speculates the call, uses it and saves the
-    model's call its run; a streamed search call runs on its partial input."""
+    model's call its run, and its engine drafts the call's tokens from the
+    prediction; a streamed search call runs on its partial input."""
     client = OpenAI(base_url=endpoints.api_base, api_key=API_KEY, max_retries=0, timeout=180)
     agent = uuid.uuid4().hex[:8]
-    messages = [
-        {"role": "system", "content": f"You are calculator agent {agent}."},
-        {"role": "user", "content": f"What is {random.randint(1000, 9999)} times 17?"},
-    ]
     for run_here in (False, False, True):
         client.chat.completions.create(
             model=model,
-            messages=messages,  # type: ignore[arg-type]
+            messages=CALCULATOR_FEW_SHOT,  # type: ignore[arg-type]
             tools=[calculator_tool(endpoints)],
-            tool_choice={"type": "function", "function": {"name": "calculator"}},
+            tool_choice="auto",
             temperature=0,
-            max_tokens=48,
+            max_tokens=64,
             extra_headers={SESSION_HEADER: f"speculation-{agent}-{uuid.uuid4().hex[:6]}"},
             extra_body={"toolserve": {"execute_tools": run_here}},
         )

@@ -6,12 +6,12 @@ tokens from the prediction, so the same reply costs fewer decode steps."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import uuid
 from typing import Any
 
 import pytest
+from written_calls import CALCULATOR_FEW_SHOT
 
 from cluster.config import CONFIGS_DIR, PromptLookupConfig, load_config
 from cluster.models import EMBEDDED_SCHEME, SMOLLM2, resolve_model
@@ -37,28 +37,6 @@ CALCULATOR = {
         },
     },
 }
-
-
-def _called(index: int, expression: str) -> dict[str, Any]:
-    arguments = json.dumps({"expression": expression})
-    function = {"name": "calculator", "arguments": arguments}
-    return {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [{"id": f"call-{index}", "type": "function", "function": function}],
-    }
-
-
-# With these two calls shown, SmolLM2 answers the question with a call of its own
-# whose expression is nowhere in the prompt (n-gram drafts cannot write it).
-CONVERSATION = [
-    {"role": "system", "content": "You answer with one calculator call."},
-    {"role": "user", "content": "What is 12 * 7?"},
-    _called(1, "12 * 7"),
-    {"role": "user", "content": "And 300 / 4?"},
-    _called(2, "300 / 4"),
-    {"role": "user", "content": "How many minutes are in a week?"},
-]
 
 
 def _decode_steps(stats: dict[str, Any], generated: int) -> int:
@@ -92,7 +70,7 @@ def test_an_exactly_predicted_call_costs_fewer_decode_steps(
     )
     tokenizer = AutoTokenizer.from_pretrained(model)
     rendered = tokenizer.apply_chat_template(
-        CONVERSATION,
+        CALCULATOR_FEW_SHOT,
         tools=[CALCULATOR],
         chat_template=(CONFIGS_DIR / "chat_templates" / "smollm2-tools.jinja").read_text(),
         add_generation_prompt=True,

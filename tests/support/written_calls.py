@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from openai import OpenAI
@@ -51,3 +52,26 @@ def invalid_calculator_call() -> str:
         + tail
         + '"}}\n</tool_call>'
     )
+
+
+def calculator_called(index: int, expression: str) -> dict[str, Any]:
+    """An assistant message that called the calculator."""
+    arguments = json.dumps({"expression": expression})
+    function = {"name": "calculator", "arguments": arguments}
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": f"call-{index}", "type": "function", "function": function}],
+    }
+
+
+CALCULATOR_FEW_SHOT = [
+    {"role": "system", "content": "You answer with one calculator call."},
+    {"role": "user", "content": "What is 12 * 7?"},
+    calculator_called(1, "12 * 7"),
+    {"role": "user", "content": "And 300 / 4?"},
+    calculator_called(2, "300 / 4"),
+    {"role": "user", "content": "How many minutes are in a week?"},
+]
+"""Shown two calculator calls, SmolLM2 (greedy, embedded tools template) answers
+with a call of its own in hermes text, whose expression is nowhere in the prompt."""
