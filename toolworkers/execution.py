@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from cluster.config import ToolCacheConfig
 from cluster.store.partial_calls import ChannelUnavailable, PartialCallChannel
@@ -84,12 +84,24 @@ def _to_cache(result: ToolResult, origin: str) -> CachedToolResult:
     )
 
 
+class PartialRunObserver(Protocol):
+    """What becomes of partial runs: each started, and how it ended (`finished`:
+    its outcome was produced; `broken`: its pieces could not be sent and the call
+    runs whole; `abandoned`: stopped, nobody takes its outcome) after how many
+    pieces."""
+
+    def partial_started(self, tool: str) -> None: ...
+
+    def partial_ended(self, tool: str, ending: str, pieces: int) -> None: ...
+
+
 @dataclass(frozen=True)
 class PartialCalls:
     """How an executor runs calls on partial input: on the pool, fed through Redis."""
 
     run: RunPartialCall
     channel: PartialCallChannel
+    observer: PartialRunObserver | None = None
 
 
 @dataclass
@@ -103,25 +115,41 @@ class PartialRun:
     splitter: PieceSplitter
     channel: PartialCallChannel
     result: asyncio.Task[ToolResult]
+    observer: PartialRunObserver | None = None
     broken: bool = False
+    pieces_sent: int = 0
+    ended: bool = False
 
     async def feed(self, event: CallEvent) -> None:
         for piece in self.splitter.pieces(event):
             await self._send({"piece": piece})
+            if not self.broken:
+                self.pieces_sent += 1
 
     async def finish(self, arguments: dict[str, Any]) -> ToolResult | None:
         """The call's result given its whole arguments; None when the run broke."""
         await self._send({"finish": arguments})
         try:
-            return None if self.broken else await self.result
+            result = None if self.broken else await self.result
         except asyncio.CancelledError:
             if self.broken:
+                self._ended("broken")
                 return None
             raise
+        self._ended("broken" if result is None else "finished")
+        return result
 
     async def abandon(self, reason: str) -> None:
         await self._send({"abandon": reason})
         self.result.cancel()
+        self._ended("abandoned")
+
+    def _ended(self, ending: str) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        if self.observer is not None:
+            self.observer.partial_ended(self.name, ending, self.pieces_sent)
 
     async def _send(self, message: dict[str, Any]) -> None:
         if self.broken:
@@ -293,12 +321,15 @@ class ToolExecutor:
         assert tool.spec.partial_input is not None
         call_id = uuid.uuid4().hex
         call = SandboxCall(tool.function_reference, {}, tool.options, tool.spec.timeout_s)
+        if self._partial.observer is not None:
+            self._partial.observer.partial_started(name)
         return PartialRun(
             name,
             call_id,
             PieceSplitter(tool.spec.partial_input, call_index),
             self._partial.channel,
             asyncio.create_task(self._partial.run(call, call_id)),
+            self._partial.observer,
         )
 
     async def finish_partial(

@@ -1,6 +1,7 @@
 """Tool metrics (Ray Serve metrics, scraped with the rest): cache hits and
-misses, tool latency per tool, the time speculation saved real calls, and the
-time partial runs worked while the model was still writing their calls."""
+misses, tool latency per tool, the time speculation saved real calls, and partial
+runs (started, ended, pieces fed, the time they worked while the model was still
+writing their calls)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,33 @@ class ToolMetrics:
             boundaries=_LATENCY_BOUNDARIES,
             tag_keys=("tool",),
         )
+
+        self._partial_started = Counter(
+            "toolserve_partial_runs_started",
+            description="Calls started on partial input while the model wrote them.",
+            tag_keys=("tool",),
+        )
+        self._partial_ended = Counter(
+            "toolserve_partial_runs_ended",
+            description="Partial runs by how they ended: finished (their outcome answered "
+            "the call), broken (pieces could not be sent: the call ran whole), abandoned "
+            "(stopped: the call changed or nobody took its outcome).",
+            tag_keys=("tool", "ending"),
+        )
+        self._pieces = Counter(
+            "toolserve_partial_pieces_fed",
+            description="Pieces of calls' arguments (fields, lines, stages) fed to partial "
+            "runs as they were written.",
+            tag_keys=("tool",),
+        )
+
+    def partial_started(self, tool: str) -> None:
+        self._partial_started.inc(tags={"tool": tool})
+
+    def partial_ended(self, tool: str, ending: str, pieces: int) -> None:
+        self._partial_ended.inc(tags={"tool": tool, "ending": ending})
+        if pieces:
+            self._pieces.inc(pieces, tags={"tool": tool})
 
     def observe(self, tool: str, outcome: ToolOutcome, requester_origin: str) -> None:
         if requester_origin == PARTIAL_ORIGIN:

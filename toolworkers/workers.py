@@ -134,18 +134,19 @@ def tool_executor(
         if redis_url
         else LocalToolStateStore(config.state_ttl_s)
     )
+    metrics = ToolMetrics()
     run: RunCall = _no_workers
     partial = None
     if workers is not None:
         run, run_partial = worker_pool_runner(workers)
         if redis_url and config.continuation.partial_execution:
-            partial = PartialCalls(run_partial, PartialCallChannel(redis_url))
+            partial = PartialCalls(run_partial, PartialCallChannel(redis_url), metrics)
     return ToolExecutor(
         ToolRegistry.from_config(config),
         run,
         cache,
         config.cache,
         states,
-        ToolMetrics().observe,
+        metrics.observe,
         partial,
     )

@@ -320,6 +320,27 @@ DASHBOARDS: dict[str, tuple[str, tuple[PanelSpec, ...]]] = {
                 "still writing the call.",
             ),
             PanelSpec(
+                "Partial runs: started, ended and pieces fed",
+                "ops",
+                (
+                    Query(
+                        "sum by (tool) (rate(ray_toolserve_partial_runs_started_total[5m]))",
+                        "started {{tool}}",
+                    ),
+                    Query(
+                        "sum by (ending) (rate(ray_toolserve_partial_runs_ended_total[5m]))",
+                        "ended {{ending}}",
+                    ),
+                    Query(
+                        "sum by (tool) (rate(ray_toolserve_partial_pieces_fed_total[5m]))",
+                        "pieces {{tool}}",
+                    ),
+                ),
+                "finished: the run's outcome answered the call; broken: its pieces could "
+                "not be sent and the call ran whole; abandoned: the call changed or "
+                "nobody took the outcome.",
+            ),
+            PanelSpec(
                 "Streamed calls stopped by reason",
                 "ops",
                 (_rate("ray_toolserve_tool_calls_stopped_total", "reason"),),

@@ -26,7 +26,23 @@ from toolworkers.workers import ToolWorker
 LIMITS = SandboxLimits(memory_mb=512, cpu_s=30, max_output_bytes=64 * 1024)
 
 
-def executor(redis_url: str, writable: Path | None = None) -> ToolExecutor:
+class RecordedRuns:
+    """Stands in for the tool metrics: what the executor reports of partial runs."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.ended: list[tuple[str, str, int]] = []
+
+    def partial_started(self, tool: str) -> None:
+        self.started.append(tool)
+
+    def partial_ended(self, tool: str, ending: str, pieces: int) -> None:
+        self.ended.append((tool, ending, pieces))
+
+
+def executor(
+    redis_url: str, writable: Path | None = None, observer: RecordedRuns | None = None
+) -> ToolExecutor:
     config = ToolsConfig(
         hosted=[
             HostedToolConfig(function="toolworkers.python_tool:python"),
@@ -48,7 +64,7 @@ def executor(redis_url: str, writable: Path | None = None) -> ToolExecutor:
         config.cache,
         LocalToolStateStore(60),
         None,
-        PartialCalls(worker.run_partial, PartialCallChannel(redis_url)),
+        PartialCalls(worker.run_partial, PartialCallChannel(redis_url), observer),
     )
 
 
@@ -131,8 +147,10 @@ def test_the_partial_outcome_is_the_whole_calls_and_other_calls_run_as_usual(
 ) -> None:
     code = "x = 1\nprint(x)\nprint(undefined)\n"
 
+    runs = RecordedRuns()
+
     async def scenario() -> tuple[Any, ...]:
-        tools = executor(redis_url)
+        tools = executor(redis_url, observer=runs)
         partial = PartialExecution(tools, {"python", "calculator"})
         partial_calls = RoundCalls(partial, None, set())
         await partial_calls.feed(fragments_of(0, "python", {"code": code}, size=5))
@@ -153,6 +171,8 @@ def test_the_partial_outcome_is_the_whole_calls_and_other_calls_run_as_usual(
     same, output = asyncio.run(scenario())
     assert same
     assert output == "1\nline 3: NameError: name 'undefined' is not defined"
+    assert runs.started == ["python"]
+    assert runs.ended == [("python", "finished", 3)], "one piece a line"
 
 
 @pytest.mark.parametrize(
@@ -204,14 +224,16 @@ def test_different_final_arguments_or_an_abandoned_round_stop_the_run(
 
     mismatched, abandoned = tmp_path / "mismatched", tmp_path / "abandoned"
 
+    runs = RecordedRuns()
+
     async def scenario() -> Any:
-        partial = PartialExecution(executor(redis_url), {"python"})
+        partial = PartialExecution(executor(redis_url, observer=runs), {"python"})
         partial_calls = RoundCalls(partial, None, set())
         await partial_calls.feed(fragments_of(0, "python", {"code": slow_script(mismatched)}, 6))
         await partial_calls.end()
         mismatch = await partial.outcome(0, json.dumps({"code": "print('other')\n"}))
         unfinished = fragments_of(0, "python", {"code": slow_script(abandoned)}, 6)[:-1]
-        second = PartialExecution(executor(redis_url), {"python"})
+        second = PartialExecution(executor(redis_url, observer=runs), {"python"})
         second_calls = RoundCalls(second, None, set())
         await second_calls.feed(unfinished)
         await asyncio.sleep(0.2)
@@ -222,6 +244,8 @@ def test_different_final_arguments_or_an_abandoned_round_stop_the_run(
     assert asyncio.run(scenario()) is None
     assert not mismatched.exists()
     assert not abandoned.exists()
+    assert runs.started == ["python", "python"]
+    assert [ending for _, ending, _ in runs.ended] == ["abandoned", "abandoned"]
 
 
 def test_a_call_of_an_undeclared_tool_or_without_partial_input_starts_nothing(
