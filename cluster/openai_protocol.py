@@ -139,3 +139,59 @@ class ToolCallDeltas:
     def drop_from(self, index: int) -> None:
         """Forgets the call `index` and every later one."""
         self._pending = {at: call for at, call in self._pending.items() if at < index}
+
+
+@dataclass
+class StreamedReply:
+    """The non-streamed chat completion a single-choice stream adds up to: fed its
+    SSE chunks in order (the server's extension's executed messages included)."""
+
+    id: str = ""
+    created: int = 0
+    model: str = ""
+    content: str = ""
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    executed: list[dict[str, Any]] = field(default_factory=list)
+    _calls: ToolCallDeltas = field(default_factory=ToolCallDeltas)
+
+    def feed_sse(self, sse: str) -> None:
+        for data in sse_payloads(sse):
+            if "error" in data:
+                self.error = data["error"]
+                continue
+            self.id = data.get("id") or self.id
+            self.created = data.get("created") or self.created
+            self.model = data.get("model") or self.model
+            self.usage = data.get("usage") or self.usage
+            self.executed += executed_messages(data)
+            for choice in data.get("choices") or []:
+                delta = choice.get("delta") or {}
+                self.content += delta.get("content") or ""
+                self._calls.feed(delta.get("tool_calls") or [])
+                self.finish_reason = choice.get("finish_reason") or self.finish_reason
+
+    def body(self) -> dict[str, Any]:
+        calls = self._calls.calls()
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": self.content or None,
+            "tool_calls": [call.as_message_part() for call in calls],
+        }
+        reply = {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": self.finish_reason,
+                }
+            ],
+            "usage": self.usage,
+        }
+        return with_executed_messages(reply, self.executed) if self.executed else reply

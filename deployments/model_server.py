@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cluster.config import ModelDeploymentConfig, ToolsConfig
-from cluster.openai_protocol import LAST_STEP_ARG, ModelToolCall, ToolCallDeltas
+from cluster.openai_protocol import LAST_STEP_ARG, ModelToolCall, StreamedReply, ToolCallDeltas
 from cluster.store.replicas import EngineState, ReplicaStatus, ReplicaStatusStore
 from deployments.admission.replica import export_admission_stats
 from deployments.continuation import (
     Continuation,
     TurnContext,
     continuation_possible,
+    declared_hosted_tools,
     stops_invalid_calls,
 )
 from deployments.engine_setup import create_engine_config
@@ -264,9 +265,19 @@ class ModelServer:
             and turn.execute_tools
             and continuation_possible(request.tools, request.n, request.tool_choice)
         )
+        streamed_inside = continuing and self._streams_inside(request)
+        if streamed_inside:
+            # Streamed from the engine so its calls run on partial input; the client
+            # gets the reply the stream adds up to.
+            request = request.model_copy(update={"stream": True})
         options = request.stream_options
-        client_wants_usage = bool(options and options.include_usage)
-        client_wants_chunk_usage = bool(client_wants_usage and options.continuous_usage_stats)
+        client_wants_usage = streamed_inside or bool(options and options.include_usage)
+        client_wants_chunk_usage = bool(
+            not streamed_inside
+            and client_wants_usage
+            and options
+            and options.continuous_usage_stats
+        )
         if continuing and request.stream:
             # Each round's usage counts against the request's token budget; a round
             # stopped at an invalid call has only its chunks' usage.
@@ -305,6 +316,25 @@ class ModelServer:
                 reply = await continuation.reply(reply)
             yield ReplyHead(self._replica_id, streaming=False, body=reply)
             return
+        if streamed_inside:
+            assert continuation is not None
+            streamed = StreamedReply()
+            async for chunk in continuation.stream(result, client_wants_usage=True):
+                streamed.feed_sse(chunk)
+            if streamed.error is not None:
+                error = streamed.error
+                yield ReplyHead(
+                    self._replica_id,
+                    streaming=False,
+                    error=ApiError.from_status(
+                        int(error.get("code") or 500),
+                        str(error.get("message") or "the engine's stream failed"),
+                        error.get("param"),
+                    ),
+                )
+                return
+            yield ReplyHead(self._replica_id, streaming=False, body=streamed.body())
+            return
         yield ReplyHead(self._replica_id, streaming=True)
         if continuation is not None:
             async for chunk in continuation.stream(
@@ -325,6 +355,18 @@ class ModelServer:
             self._turn_ended(program_id, made[0].name if made else None)
         if wants_calls:
             yield ReplyTail(made)
+
+    def _streams_inside(self, request: ChatCompletionRequest) -> bool:
+        """A non-streamed turn is streamed from the engine when one of its declared
+        hosted tools takes partial input (and nothing asks for what the assembled
+        reply leaves out: log probabilities)."""
+        if request.stream or request.logprobs or request.top_logprobs:
+            return False
+        assert self._tools is not None and self._tools_config is not None
+        if not self._tools_config.continuation.partial_execution:
+            return False
+        declared = declared_hosted_tools(request.tools or [], self._tools.registry.openai_schemas())
+        return any(self._tools.takes_partial_input(name) for name in declared)
 
     async def _answer_as_draft(
         self, request: ChatCompletionRequest

@@ -132,9 +132,10 @@ def _written_turn(
     tool: str,
     call: str,
     options: dict[str, Any] | None = None,
+    stream: bool = True,
 ) -> list[dict[str, Any]]:
     tools = [t for t in _hosted_tools(cluster) if t["function"]["name"] == tool]
-    return written_turn(client, model, QUESTION, tools, call, options)
+    return written_turn(client, model, QUESTION, tools, call, options, stream)
 
 
 def test_a_streamed_call_that_cannot_be_valid_is_stopped_and_written_again(
@@ -167,13 +168,15 @@ def _overlapped_beyond(cluster: Endpoints, seconds: float) -> float:
     return buckets.get(float("inf"), 0.0) - buckets.get(seconds, 0.0)
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not-streamed"])
 def test_a_plan_streamed_by_the_engine_runs_stage_by_stage_while_it_is_written(
-    client: OpenAI, model_name: str, cluster: Endpoints
+    client: OpenAI, model_name: str, cluster: Endpoints, stream: bool
 ) -> None:
     """With `tool_choice: auto` vLLM streams a call's arguments as the model writes
     them (structured outputs fix the text here), so the plan's run starts at the
     call's name and its stages run while later ones are decoded; its result is
-    the whole plan's."""
+    the whole plan's. A turn the client does not stream is streamed from the
+    engine all the same (its tools take partial input)."""
     stages = [
         {"tool": "calculator", "input": "6 * 7"},
         {"tool": "search", "input": "for statement loop"},
@@ -185,7 +188,7 @@ def test_a_plan_streamed_by_the_engine_runs_stage_by_stage_while_it_is_written(
         + "}\n</tool_call>"
     )
     before = _overlapped_beyond(cluster, 0.1)
-    executed = _written_turn(client, model_name, cluster, "run_plan", written)
+    executed = _written_turn(client, model_name, cluster, "run_plan", written, stream=stream)
     call_message, tool_message = executed[:2]
     assert json.loads(call_message["tool_calls"][0]["function"]["arguments"]) == {"stages": stages}
     assert tool_message["content"] == plan_tool.run_plan(stages)

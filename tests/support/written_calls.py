@@ -22,23 +22,26 @@ def written_turn(
     tools: list[dict[str, Any]],
     call: str,
     options: dict[str, Any] | None = None,
+    stream: bool = True,
 ) -> list[dict[str, Any]]:
-    """A streamed `tool_choice: auto` turn whose text is LEAD and `call` (a hermes
-    call of one of `tools`, which the server hosts): the messages the server added."""
-    stream = client.chat.completions.create(
+    """A `tool_choice: auto` turn (streamed unless told) whose text is LEAD and
+    `call` (a hermes call of one of `tools`, which the server hosts): the messages
+    the server added."""
+    reply = client.chat.completions.create(
         model=model,
         messages=messages,  # type: ignore[arg-type]
         tools=tools,  # type: ignore[arg-type]
         tool_choice="auto",
         temperature=0,
         max_tokens=160,
-        stream=True,
+        stream=stream,
         extra_body={"structured_outputs": {"choice": [LEAD + call]}}
         | ({"toolserve": options} if options else {}),
     )
+    parts = reply if stream else [reply]
     executed: list[dict[str, Any]] = []
-    for chunk in stream:
-        executed += ((chunk.model_extra or {}).get("toolserve") or {}).get("executed_messages", [])
+    for part in parts:
+        executed += ((part.model_extra or {}).get("toolserve") or {}).get("executed_messages", [])
     return executed
 
 

@@ -1,10 +1,12 @@
 """Reading OpenAI's wire format: tool calls of messages, replies and streamed
-chunks, and toolserve's extension."""
+chunks, toolserve's extension, and the reply a stream adds up to."""
 
 from __future__ import annotations
 
 from cluster.openai_protocol import (
+    EXTENSION_FIELD,
     ModelToolCall,
+    StreamedReply,
     ToolCallDeltas,
     executed_messages,
     message_tool_calls,
@@ -71,3 +73,52 @@ def test_only_chunks_with_call_fragments_are_parsed() -> None:
         )
     )
     assert deltas.calls() == [ModelToolCall("", "g", "")]
+
+
+def test_a_stream_adds_up_to_the_non_streamed_reply() -> None:
+    head = {"id": "chatcmpl-1", "created": 7, "model": "m"}
+    executed = [{"role": "tool", "tool_call_id": "c0", "content": "2"}]
+    chunks = [
+        head | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Su"}}]},
+        head | {"choices": [{"index": 0, "delta": {"content": "re."}}]},
+        head | {"choices": [], EXTENSION_FIELD: {"executed_messages": executed}},
+        head
+        | {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f"}}]},
+                }
+            ]
+        },
+        head
+        | {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]},
+                    "finish_reason": "tool_calls",
+                }
+            ]
+        },
+        head | {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}},
+    ]
+    streamed = StreamedReply()
+    for chunk in chunks:
+        streamed.feed_sse(sse_event(chunk))
+    streamed.feed_sse("data: [DONE]\n\n")
+    body = streamed.body()
+    assert body["id"] == "chatcmpl-1" and body["model"] == "m" and body["created"] == 7
+    (choice,) = body["choices"]
+    assert choice["message"]["content"] == "Sure."
+    assert reply_tool_calls(body) == [ModelToolCall("c1", "f", "{}")]
+    assert choice["finish_reason"] == "tool_calls"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 4}
+    assert executed_messages(body) == executed
+    assert streamed.error is None
+
+
+def test_an_error_in_the_stream_is_kept() -> None:
+    streamed = StreamedReply()
+    streamed.feed_sse(sse_event({"error": {"message": "boom", "code": 500}}))
+    assert streamed.error == {"message": "boom", "code": 500}
