@@ -362,10 +362,13 @@ class ModelServer:
         reply leaves out: log probabilities)."""
         if request.stream or request.logprobs or request.top_logprobs:
             return False
-        assert self._tools is not None and self._tools_config is not None
-        if not self._tools_config.continuation.partial_execution:
+        assert self._tools is not None
+        if not self._tools.runs_partial_calls:
             return False
-        declared = declared_hosted_tools(request.tools or [], self._tools.registry.openai_schemas())
+        declared = declared_hosted_tools(
+            [tool.model_dump(mode="json") for tool in request.tools or []],
+            self._tools.registry.openai_schemas(),
+        )
         return any(self._tools.takes_partial_input(name) for name in declared)
 
     async def _answer_as_draft(
