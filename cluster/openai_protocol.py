@@ -30,6 +30,20 @@ PREDICTED_CALLS_ARG = "toolserve_predicted_calls"
 (`{"name": ..., "arguments": {...}}`): the engine drafts a call's tokens from them."""
 
 
+def with_predicted_calls(
+    engine_args: dict[str, Any] | None, predicted: list[str]
+) -> dict[str, Any] | None:
+    """A request's engine arguments with the server's predicted calls (if any) in
+    place of any the client sent: the engine tokenizes them in its scheduler's
+    loop, so only the server's own are drafted from."""
+    kept = {
+        name: value for name, value in (engine_args or {}).items() if name != PREDICTED_CALLS_ARG
+    }
+    if predicted:
+        kept[PREDICTED_CALLS_ARG] = predicted
+    return kept or None
+
+
 @dataclass(frozen=True)
 class ModelToolCall:
     """One call as the model made it; `arguments` is the model's JSON text."""

@@ -28,8 +28,8 @@ from cluster.openai_protocol import (
     EXPECTED_TOOL_ARG,
     LAST_STEP_ARG,
     PARENT_PROGRAM_ARG,
-    PREDICTED_CALLS_ARG,
     RETAIN_FOR_ARG,
+    with_predicted_calls,
 )
 from cluster.store.pins import ControlOperation, PinningControl, PinStore
 from cluster.store.replicas import EngineState, ReplicaStatus, ReplicaStatusStore
@@ -702,9 +702,12 @@ class OpenAIIngress:
             if to_draft
             else self._speculator.start(parsed.body, program_id, tenant, launch=execute_tools)
         )
-        if speculation is not None and speculation.issued and self._drafts_predicted_calls:
-            predicted = {PREDICTED_CALLS_ARG: speculation.issued_call_texts()}
-            chat.vllm_xargs = (chat.vllm_xargs or {}) | predicted
+        predicted = (
+            speculation.issued_call_texts()
+            if speculation is not None and self._drafts_predicted_calls
+            else []
+        )
+        chat.vllm_xargs = with_predicted_calls(chat.vllm_xargs, predicted)
         turn = TurnContext(
             tenant=tenant,
             execute_tools=execute_tools,

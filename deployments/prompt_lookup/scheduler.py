@@ -26,6 +26,10 @@ from deployments.prompt_lookup.predicted import (
 )
 from deployments.prompt_lookup.settings import from_additional_config
 
+# A request's predicted calls are tokenized in the scheduler's loop: bounded.
+_MOST_PREDICTED_CALLS = 8
+_LONGEST_PREDICTED_CALL_CHARS = 8192
+
 
 def opening_tokens(tokenizer: Any, marker: str) -> list[int]:
     """The opening marker's token ids as they appear inside a reply: without the
@@ -118,7 +122,9 @@ class PromptLookupGateMixin:
             return ()
         texts = (request.sampling_params.extra_args or {}).get(PREDICTED_CALLS_ARG) or []
         predictions = []
-        for text in texts if isinstance(texts, list) else []:
+        for text in texts[:_MOST_PREDICTED_CALLS] if isinstance(texts, list) else []:
+            if not isinstance(text, str) or len(text) > _LONGEST_PREDICTED_CALL_CHARS:
+                continue
             try:
                 tool = json.loads(text)["name"]
             except (TypeError, ValueError, KeyError):

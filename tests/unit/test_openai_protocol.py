@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from cluster.openai_protocol import (
     EXTENSION_FIELD,
+    PREDICTED_CALLS_ARG,
     ModelToolCall,
     StreamedReply,
     ToolCallDeltas,
@@ -14,6 +15,7 @@ from cluster.openai_protocol import (
     sse_event,
     sse_payloads,
     with_executed_messages,
+    with_predicted_calls,
 )
 
 
@@ -122,3 +124,14 @@ def test_an_error_in_the_stream_is_kept() -> None:
     streamed = StreamedReply()
     streamed.feed_sse(sse_event({"error": {"message": "boom", "code": 500}}))
     assert streamed.error == {"message": "boom", "code": 500}
+
+
+def test_only_the_servers_predicted_calls_reach_the_engine() -> None:
+    sent = {PREDICTED_CALLS_ARG: ['{"name": "x"}'] * 1000, "toolserve_last_step": 1}
+    assert with_predicted_calls(sent, []) == {"toolserve_last_step": 1}
+    assert with_predicted_calls(sent, ['{"name": "f"}']) == {
+        "toolserve_last_step": 1,
+        PREDICTED_CALLS_ARG: ['{"name": "f"}'],
+    }
+    assert with_predicted_calls(None, []) is None
+    assert with_predicted_calls({PREDICTED_CALLS_ARG: []}, []) is None
