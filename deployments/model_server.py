@@ -35,6 +35,7 @@ from deployments.pinning.replica import EnginePinning, tool_called
 from deployments.pinning.settings import EnginePinningSettings
 from deployments.prompt_cache.frontend import install_prompt_preparation
 from deployments.prompt_lookup.replica import export_prompt_lookup_stats
+from toolworkers.call_stream import CALL_CLOSING_MARKERS
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
@@ -284,6 +285,9 @@ class ModelServer:
             assert turn is not None and self._tools_config is not None
             in_every_chunk = stops_invalid_calls(turn, self._tools_config.continuation)
             request = _with_usage_reported(request, in_every_chunk)
+        request = _ended_at_its_call(
+            request, CALL_CLOSING_MARKERS.get(self._deployment.chat.tool_call_parser)
+        )
         program_id = request.session_id
         tracked = bool(self._pinning is not None and program_id and not is_last_step(request))
         # The rounds after the first are requests of their own, built from this one
@@ -458,6 +462,24 @@ def _with_usage_reported(
         update["continuous_usage_stats"] = True
     reported = options.model_copy(update=update)
     return request.model_copy(update={"stream_options": reported})
+
+
+def _ended_at_its_call(
+    request: ChatCompletionRequest, call_closing: str | None
+) -> ChatCompletionRequest:
+    """A reply that may make one call (`parallel_tool_calls: false`) under
+    `tool_choice: auto` ends where that call closes: vLLM would decode on and then
+    drop every later call. Not where the client set stop sequences of its own
+    (their text would then be kept in the output too)."""
+    if (
+        call_closing is None
+        or request.parallel_tool_calls is not False
+        or not request.tools
+        or request.tool_choice not in (None, "auto")
+        or request.stop
+    ):
+        return request
+    return request.model_copy(update={"stop": [call_closing], "include_stop_str_in_output": True})
 
 
 def is_last_step(request: ChatCompletionRequest) -> bool:

@@ -532,6 +532,10 @@ STREAMING_CALL_PARSERS: dict[str, Callable[[], StreamingCallParser]] = {
 }
 
 
+CALL_CLOSING_MARKERS: dict[str, str] = {"hermes": _CLOSE_TAG}
+"""The text that ends one call in each chat format's replies."""
+
+
 def streaming_call_parser(chat_format: str) -> StreamingCallParser:
     """A fresh parser for one stream of the chat format (vLLM's tool-call parser name)."""
     try:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from openai import OpenAI
 from prometheus_text import histogram_buckets, metric_total
-from written_calls import invalid_calculator_call, written_turn
+from written_calls import LEAD, invalid_calculator_call, written_turn
 
 from cluster.launch.demo import run_demo
 from cluster.launch.launcher import Endpoints
@@ -312,3 +312,41 @@ def test_the_demo_agent_gets_its_calculator_call_answered_by_the_server(
     assert all(r.tool_calls and not r.server_calls for r in file_turns), (
         "the demo's own file tools share hosted names but not schemas: the demo runs them"
     )
+
+
+def test_a_reply_allowed_one_call_ends_where_that_call_closes(
+    client: OpenAI, model_name: str, cluster: Endpoints
+) -> None:
+    """`parallel_tool_calls: false`: the model (its text fixed by structured
+    outputs) would write two calls; decoding ends at the first call's close
+    instead of writing the second for vLLM to drop."""
+    calls = "\n".join(
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>'
+        % expression
+        for expression in ("1234 * 5678", "98765 - 4321 + 1111 * 2222 - 3333")
+    )
+    tools = [t for t in _hosted_tools(cluster) if t["function"]["name"] == "calculator"]
+
+    def reply(parallel: bool) -> Any:
+        return client.chat.completions.create(
+            model=model_name,
+            messages=QUESTION,
+            tools=tools,
+            tool_choice="auto",
+            parallel_tool_calls=parallel,
+            temperature=0,
+            max_tokens=160,
+            extra_body={
+                "structured_outputs": {"choice": [LEAD + calls]},
+                "toolserve": {"execute_tools": False},
+            },
+        )
+
+    one, both = reply(parallel=False), reply(parallel=True)
+    assert [call.function.arguments for call in one.choices[0].message.tool_calls or []] == [
+        '{"expression": "1234 * 5678"}'
+    ]
+    assert len(both.choices[0].message.tool_calls or []) == 2
+    assert one.choices[0].finish_reason == "tool_calls"
+    assert one.usage is not None and both.usage is not None
+    assert one.usage.completion_tokens < both.usage.completion_tokens
