@@ -321,8 +321,9 @@ def test_a_reply_allowed_one_call_ends_where_that_call_closes(
     outputs) would write two calls; decoding ends at the first call's close
     instead of writing the second for vLLM to drop."""
     calls = "\n".join(
-        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>'
-        % expression
+        "<tool_call>\n"
+        + json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+        + "\n</tool_call>"
         for expression in ("1234 * 5678", "98765 - 4321 + 1111 * 2222 - 3333")
     )
     tools = [t for t in _hosted_tools(cluster) if t["function"]["name"] == "calculator"]
