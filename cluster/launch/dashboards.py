@@ -40,8 +40,13 @@ def _quantiles(metric: str, by: str = "", window: str = "15m") -> tuple[Query, .
     )
 
 
-def _rate(metric: str, by: str, window: str = "5m") -> Query:
-    return Query(f"sum by ({by}) (rate({metric}[{window}]))", f"{{{{{by}}}}}")
+def _rate(metric: str, by: str, window: str = "5m", label: str = "") -> Query:
+    """The per-second rate of `metric` summed by one label; `label` prefixes the
+    legend where a panel shows several such rates."""
+    legend = f"{{{{{by}}}}}"
+    return Query(
+        f"sum by ({by}) (rate({metric}[{window}]))", f"{label} {legend}" if label else legend
+    )
 
 
 def _ratio(numerator: str, denominator: str, legend: str, window: str = "5m") -> Query:
@@ -265,14 +270,8 @@ DASHBOARDS: dict[str, tuple[str, tuple[PanelSpec, ...]]] = {
                 "Speculations issued and used by source",
                 "ops",
                 (
-                    Query(
-                        "sum by (source) (rate(ray_toolserve_speculations_issued_total[5m]))",
-                        "issued {{source}}",
-                    ),
-                    Query(
-                        "sum by (source) (rate(ray_toolserve_speculations_used_total[5m]))",
-                        "used {{source}}",
-                    ),
+                    _rate("ray_toolserve_speculations_issued_total", "source", label="issued"),
+                    _rate("ray_toolserve_speculations_used_total", "source", label="used"),
                 ),
                 "Used: the turn then made the predicted call. Issued less used were wasted.",
             ),
@@ -280,15 +279,13 @@ DASHBOARDS: dict[str, tuple[str, tuple[PanelSpec, ...]]] = {
                 "Predicted calls as drafts: tokens accepted by tool",
                 "ops",
                 (
-                    Query(
-                        "sum by (tool) "
-                        "(rate(ray_toolserve_predicted_call_drafted_tokens_total[5m]))",
-                        "drafted {{tool}}",
+                    _rate(
+                        "ray_toolserve_predicted_call_drafted_tokens_total", "tool", label="drafted"
                     ),
-                    Query(
-                        "sum by (tool) "
-                        "(rate(ray_toolserve_predicted_call_accepted_tokens_total[5m]))",
-                        "accepted {{tool}}",
+                    _rate(
+                        "ray_toolserve_predicted_call_accepted_tokens_total",
+                        "tool",
+                        label="accepted",
                     ),
                 ),
                 "Tokens of a call the engine drafted from the turn's predicted call "
@@ -323,18 +320,9 @@ DASHBOARDS: dict[str, tuple[str, tuple[PanelSpec, ...]]] = {
                 "Partial runs: started, ended and pieces fed",
                 "ops",
                 (
-                    Query(
-                        "sum by (tool) (rate(ray_toolserve_partial_runs_started_total[5m]))",
-                        "started {{tool}}",
-                    ),
-                    Query(
-                        "sum by (ending) (rate(ray_toolserve_partial_runs_ended_total[5m]))",
-                        "ended {{ending}}",
-                    ),
-                    Query(
-                        "sum by (tool) (rate(ray_toolserve_partial_pieces_fed_total[5m]))",
-                        "pieces {{tool}}",
-                    ),
+                    _rate("ray_toolserve_partial_runs_started_total", "tool", label="started"),
+                    _rate("ray_toolserve_partial_runs_ended_total", "ending", label="ended"),
+                    _rate("ray_toolserve_partial_pieces_fed_total", "tool", label="pieces"),
                 ),
                 "finished: the run's outcome answered the call; broken: its pieces could "
                 "not be sent and the call ran whole; abandoned: the call changed or "
