@@ -41,6 +41,9 @@ class RequestRecord:
     tool_latency_s: float
     error: str | None = None
     replica: str | None = None
+    first_result_s: float | None = None
+    """Seconds from sending to the first tool result the server ran (streamed
+    replies); for a call the server rejected, when its error came."""
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": "request", **asdict(self)}
@@ -155,13 +158,20 @@ def _token_counts(usage: Any) -> dict[str, Any]:
     }
 
 
-async def reply_from_stream(chunks: Any, replica: str | None = None) -> Reply:
-    """The reply a streamed chat completion adds up to (sent with usage reported)."""
+async def reply_from_stream(
+    chunks: Any, replica: str | None = None, sent: float | None = None
+) -> Reply:
+    """The reply a streamed chat completion adds up to (sent with usage reported);
+    `sent`: when the request was sent (`time.monotonic()`), to time its first
+    server-run tool result."""
     content, finish_reason, usage = "", None, None
     calls = ToolCallDeltas()
     executed: list[dict[str, Any]] = []
+    first_result_s = None
     async for chunk in chunks:
         executed += executed_messages(chunk.model_extra)
+        if executed and first_result_s is None and sent is not None:
+            first_result_s = time.monotonic() - sent
         usage = chunk.usage or usage
         if chunk.choices:
             choice = chunk.choices[0]
@@ -175,6 +185,7 @@ async def reply_from_stream(chunks: Any, replica: str | None = None) -> Reply:
         **_token_counts(usage),
         executed_messages=tuple(executed),
         replica=replica,
+        first_result_s=first_result_s,
     )
 
 
@@ -233,8 +244,9 @@ class Driver:
             arguments["extra_body"] = {"structured_outputs": request.structured_outputs}
         if request.stream:
             arguments |= {"stream": True, "stream_options": {"include_usage": True}}
+            sent = time.monotonic()
             raw = await self._client.chat.completions.with_raw_response.create(**arguments)
-            reply = await reply_from_stream(raw.parse(), raw.headers.get(REPLICA_HEADER))
+            reply = await reply_from_stream(raw.parse(), raw.headers.get(REPLICA_HEADER), sent)
             return reply, {}
         speculable = program.side_effect_free_tools()
         if self._draft_model is None or not speculable:
@@ -345,6 +357,7 @@ class Driver:
             tool_latency_s=tool_round.latency_s if tool_round else 0.0,
             error=error,
             replica=reply.replica if reply else None,
+            first_result_s=reply.first_result_s if reply else None,
         )
 
 

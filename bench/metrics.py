@@ -324,6 +324,45 @@ def _summed_counters(metrics_text: str, selectors: dict[str, _CounterSelector]) 
     return figures
 
 
+def _summed_by_label(metrics_text: str, names: tuple[str, ...], label: str) -> dict[str, float]:
+    """Samples of any of `names`, summed per value of `label`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sums: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(metrics_text):
+            for sample in family.samples:
+                if sample.name in names and label in sample.labels:
+                    value = sample.labels[label]
+                    sums[value] = sums.get(value, 0.0) + sample.value
+    except ValueError:
+        return {}
+    return sums
+
+
+_TOOL_LATENCY = "toolserve_tool_latency_s"
+
+
+def hosted_tool_runs(before_text: str, after_text: str) -> dict[str, dict[str, float]]:
+    """Per hosted tool, its runs on the tool workers between two scrapes and their
+    summed duration (`toolserve_tool_latency_s`); empty where nothing ran."""
+
+    def totals(text: str, suffix: str) -> dict[str, float]:
+        names = (f"{_TOOL_LATENCY}_{suffix}", f"ray_{_TOOL_LATENCY}_{suffix}")
+        return _summed_by_label(text, names, "tool")
+
+    runs_before, runs_after = totals(before_text, "count"), totals(after_text, "count")
+    seconds_before, seconds_after = totals(before_text, "sum"), totals(after_text, "sum")
+    return {
+        tool: {
+            "runs": runs - runs_before.get(tool, 0.0),
+            "seconds": seconds_after.get(tool, 0.0) - seconds_before.get(tool, 0.0),
+        }
+        for tool, runs in runs_after.items()
+        if runs > runs_before.get(tool, 0.0)
+    }
+
+
 def engine_counters(metrics_text: str) -> dict[str, float]:
     """Each ENGINE_COUNTERS figure summed over engines and replicas; a figure no
     engine reported is absent."""

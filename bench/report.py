@@ -172,6 +172,56 @@ def _time_saved_by_agent_type(summary: dict[str, Any]) -> list[str]:
     ]
 
 
+def _first_tool_result(summary: dict[str, Any]) -> list[str]:
+    table = summary.get("first_tool_result")
+    if not table:
+        return []
+    kinds = sorted({kind for rows in table["systems"].values() for kind in rows})
+    lines = [
+        "## Time to the first tool result, by agent kind",
+        "",
+        "Streamed turns whose calls the server ran: mean seconds from sending the turn to "
+        "the first chunk that carried a tool result the server ran (for a call the server "
+        "rejected, its error), over rounds and turns; in brackets, the mean run of the "
+        "kind's tool on the tool workers (`toolserve_tool_latency_s`; a partial run "
+        "counts from its start, while the call was still written).",
+        "",
+        "| system | " + " | ".join(kinds) + " |",
+        "|---|" + "---|" * len(kinds),
+    ]
+    for name, rows in table["systems"].items():
+        cells = []
+        for kind in kinds:
+            row = rows.get(kind) or {}
+            tool = row.get("tool_s_per_run")
+            cells.append(
+                _format(row.get("mean_s"), " s")
+                + (f" ({_format(tool, ' s')} {row['tool']})" if tool is not None else "")
+            )
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "The reference's time over the system's (above 1: the result came sooner), "
+        "paired by round as the JCT ratios are. Bound: Conveyor's (arXiv 2406.00059, "
+        "§3.4) for one call, (g + t) / max(g, t), with t the reference's mean tool run "
+        "and g the rest of its time to the result (prefill and queueing included, so "
+        "the bound is generous where they are large).",
+        "",
+        "| system | reference | agent kind | ratio [95% CI] | per round | verdict | bound |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for entry in table["comparisons"]:
+        for kind in kinds:
+            ratio = entry["by_kind"].get(kind)
+            lines.append(
+                f"| {entry['system']} | {entry['reference']} | {kind} "
+                f"| {format_interval(ratio, 'x', 2)} | {_per_round(ratio)} "
+                f"| {ratio['verdict'] if ratio else 'n/a'} "
+                f"| {_format((ratio or {}).get('bound'), 'x')} |"
+            )
+    return [*lines, ""]
+
+
 def _client_stalls(summary: dict[str, Any]) -> list[str]:
     measured = {
         name: figures
@@ -553,6 +603,7 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         "or did not come where one was required.",
         "",
         *_time_saved_by_agent_type(summary),
+        *_first_tool_result(summary),
         "## Plots",
         "",
         f"![JCT CDF]({PLOTS['jct_cdf']})",

@@ -26,6 +26,7 @@ from bench.metrics import (
     RATE_NAMES,
     engine_work,
     front_end_work,
+    hosted_tool_runs,
     jct_without_client_stalls,
     kv_cache_size_tokens,
     mean_jct_by_program,
@@ -36,11 +37,12 @@ from bench.metrics import (
 from bench.peer import AIPERF_FIGURES, aiperf_report_figures, run_aiperf
 from bench.provenance import Provenance, note_code_state, start_provenance, utc_now
 from bench.report import write_markdown, write_plots, write_summary
-from bench.stats import STATISTICS, bootstrap, paired_ratio, round_orders
+from bench.stats import STATISTICS, bootstrap, overlap_speedup_bound, paired_ratio, round_orders
 from bench.systems import (
     EngineSettings,
     LaunchPlan,
     SystemSpec,
+    cleared_toolserve_state,
     engine_settings,
     scrape_metrics,
     system_catalog,
@@ -123,6 +125,8 @@ class ArmRun:
     run_figures: dict[str, float] = field(default_factory=dict)
     """The run's figures of its own: AIPerf's report where AIPerf drove the load,
     the phases' figures of the hot path."""
+    tool_runs: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per hosted tool: its runs on the tool workers and their summed seconds."""
 
 
 @dataclass
@@ -308,6 +312,9 @@ def _run_arm(
     arm.launch = arm.launch or launch.as_json()
     endpoint = launch.endpoint
     process = launch.process()
+    if launch.toolserve_config is not None:
+        cleared = cleared_toolserve_state(launch.toolserve_config["redis"]["url"])
+        log(f"bench: cleared {cleared} toolserve keys from Redis before {label}")
     log(f"bench: starting {label} (round {round_index}); log {launch.log_path}")
     started = time.monotonic()
     try:
@@ -395,6 +402,7 @@ def _run_arm(
         cpu=cpu_use,
         kv_cache_tokens=kv_cache_size_tokens(metrics_after),
         run_figures=run_figures,
+        tool_runs=hosted_tool_runs(metrics_before, metrics_after),
     )
     arm.runs.append(arm_run)
     (run_dir / "logs" / f"{tag}.cpu.json").write_text(
@@ -510,7 +518,8 @@ def summarize(
     reference_system: str | None = None,
 ) -> dict[str, Any]:
     rounds = len(orders)
-    hot_path_config = plan_workload(options.workload, options.size).hot_path
+    plan = plan_workload(options.workload, options.size)
+    hot_path_config = plan.hot_path
     hot_path_figures = hot_path.figure_names(hot_path_config) if hot_path_config else []
     baseline = runs.get(BASELINE)
     baseline_jct = mean_jct_by_program(baseline.programs) if baseline else None
@@ -604,6 +613,7 @@ def summarize(
         "comparisons": comparisons,
         "effective_configuration": {label: arm.launch for label, arm in runs.items()},
         **_time_saved_by_agent_type(runs, reference_system),
+        **_first_tool_result_by_agent_type(runs, rounds, plan.tool_of_agent_type),
     }
 
 
@@ -628,6 +638,75 @@ def _time_saved_by_agent_type(
             for kind in kinds
         }
     return {"time_saved_by_agent_type_pct": {"reference": reference_system, "systems": table}}
+
+
+def _first_results_by_round(arm: ArmRuns, rounds: int, agent_type: str) -> list[dict[str, float]]:
+    """Per round, `program#turn` -> seconds to the turn's first server-run tool result."""
+    by_round: list[dict[str, float]] = [{} for _ in range(rounds)]
+    for run in arm.runs:
+        for request in run.requests:
+            if request.agent_type == agent_type and request.first_result_s is not None:
+                key = f"{request.program_id}#{request.turn_index}"
+                by_round[run.round][key] = request.first_result_s
+    return by_round
+
+
+def _tool_seconds_per_run(arm: ArmRuns, tool: str) -> float | None:
+    runs = sum(run.tool_runs.get(tool, {}).get("runs", 0.0) for run in arm.runs)
+    seconds = sum(run.tool_runs.get(tool, {}).get("seconds", 0.0) for run in arm.runs)
+    return seconds / runs if runs else None
+
+
+def _first_tool_result_by_agent_type(
+    runs: dict[str, ArmRuns], rounds: int, tool_of_agent_type: dict[str, str]
+) -> dict[str, Any]:
+    """Where the server ran tools inside streamed turns: per agent kind, each
+    arm's mean time from sending a turn to its first tool result (for a call the
+    server rejected, to its error), the pairwise ratios round by round, and the
+    mean run time of the kind's tool on the tool workers."""
+    kinds = sorted(
+        {
+            request.agent_type
+            for arm in runs.values()
+            for request in arm.requests
+            if request.first_result_s is not None
+        }
+    )
+    if not kinds:
+        return {}
+    mean_s: dict[tuple[str, str], float | None] = {}
+    tool_s: dict[tuple[str, str], float | None] = {}
+    systems: dict[str, dict[str, Any]] = {}
+    for label, arm in runs.items():
+        systems[label] = {}
+        for kind in kinds:
+            seconds = [v for r in _first_results_by_round(arm, rounds, kind) for v in r.values()]
+            tool = tool_of_agent_type.get(kind)
+            mean_s[label, kind] = sum(seconds) / len(seconds) if seconds else None
+            tool_s[label, kind] = _tool_seconds_per_run(arm, tool) if tool else None
+            systems[label][kind] = {
+                "mean_s": mean_s[label, kind],
+                "turns": len(seconds),
+                "tool": tool,
+                "tool_s_per_run": tool_s[label, kind],
+            }
+    comparisons = []
+    for reference, label in comparison_pairs(list(runs)):
+        by_kind = {}
+        for kind in kinds:
+            paired = paired_ratio(
+                _first_results_by_round(runs[reference], rounds, kind),
+                _first_results_by_round(runs[label], rounds, kind),
+            )
+            whole, tool_run = mean_s[reference, kind], tool_s[reference, kind]
+            bound = (
+                overlap_speedup_bound(whole, tool_run)
+                if whole is not None and tool_run is not None
+                else None
+            )
+            by_kind[kind] = (paired.as_json() | {"bound": bound}) if paired else None
+        comparisons.append({"reference": reference, "system": label, "by_kind": by_kind})
+    return {"first_tool_result": {"systems": systems, "comparisons": comparisons}}
 
 
 def default_run_name(workload: str, size: str) -> str:

@@ -180,6 +180,18 @@ def paired_ratio(
     return PairedRatio(round_ratio_interval(per_round), per_round, programs)
 
 
+def overlap_speedup_bound(whole_s: float, tool_s: float) -> float | None:
+    """Conveyor's bound (arXiv 2406.00059, §3.4) on how much sooner a tool's result
+    can come when the tool runs while its call is decoded, for one call: a result
+    that came `whole_s` after the turn was sent, `tool_s` of it the tool's own run
+    after the call was written (so g = whole_s - tool_s), comes at best after
+    max(g, t): the bound is (g + t) / max(g, t). None where the figures do not
+    describe such a turn (the tool took longer than the whole)."""
+    if whole_s <= 0 or tool_s < 0 or tool_s > whole_s:
+        return None
+    return whole_s / max(whole_s - tool_s, tool_s)
+
+
 def round_orders(arms: Sequence[str], rounds: int, seed: int) -> list[list[str]]:
     """Each round's run order: every arm once, shuffled by a generator seeded with
     `seed`, so a run's order is reproducible and no arm always runs first."""

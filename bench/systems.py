@@ -339,6 +339,35 @@ class SystemSpec:
         return LaunchPlan(command, environment, log_path, endpoint, "[toolserve] ready in ", raw)
 
 
+TOOLSERVE_KEYS = "toolserve:*"
+
+
+def cleared_toolserve_state(redis_url: str) -> int:
+    """Deletes every toolserve key in the Redis a toolserve arm is about to use, so
+    that no arm starts with what an earlier arm or round left there (cached tool
+    results and replies, sessions, tool state, the TTL ledger): the calls of a seeded
+    workload are the same in every arm. The number of keys deleted; a Redis not yet
+    running holds none."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        deleted = 0
+        batch: list[bytes] = []
+        for key in client.scan_iter(match=TOOLSERVE_KEYS, count=1000):
+            batch.append(key)
+            if len(batch) == 1000:
+                deleted += int(client.delete(*batch))
+                batch = []
+        if batch:
+            deleted += int(client.delete(*batch))
+        return deleted
+    except redis.ConnectionError:
+        return 0
+    finally:
+        client.close()
+
+
 def toolserve_config(
     settings: EngineSettings,
     base_config: dict[str, Any],

@@ -14,8 +14,14 @@ from bench.workloads.bfcl_speculation import (
     hosted_bfcl_tools,
 )
 from bench.workloads.codegen import CodegenConfig, generate_codegen
+from bench.workloads.conveyor import (
+    CONVEYOR_REFERENCE,
+    ConveyorConfig,
+    generate_conveyor,
+    hosted_conveyor_tools,
+)
 from bench.workloads.conveyor import TASKS as CONVEYOR_TASKS
-from bench.workloads.conveyor import ConveyorConfig, generate_conveyor, hosted_conveyor_tools
+from bench.workloads.conveyor import TOOL_OF_TASK as CONVEYOR_TOOL_OF_TASK
 from bench.workloads.distributions import Distribution
 from bench.workloads.hot_path import HotPathConfig
 from bench.workloads.program import AgentProgram
@@ -50,6 +56,9 @@ class WorkloadPlan:
     """Configuration toolserve systems need for this workload (hosted tools)."""
     reference_system: str | None = None
     """The system per-agent-kind time saved is measured against, when it ran."""
+    tool_of_agent_type: dict[str, str] = field(default_factory=dict)
+    """The hosted tool each agent kind calls, whose own run time the report sets
+    beside the kind's time to its first tool result."""
     peer: AiperfWorkload | None = None
     """Conversations AIPerf sends instead of this harness's programs (`build` is
     then empty)."""
@@ -350,14 +359,21 @@ def _conveyor(size: Size) -> WorkloadPlan:
             "a hosted tool whose text structured outputs fix (the same tokens for every "
             f"system), then an answer of up to {config.answer_max_tokens} tokens. CodeGen: a "
             "script that counts primes and draws a sine plot into a PNG (the paper's plot, "
-            "with the standard library); Calculator: the null case (no partial input). Not "
-            "reproduced: the paper's models, GPU decoding speed, and its Validation workload"
+            "with the standard library); Validation: a calculator call whose first argument "
+            "is a number where a string belongs, followed by a note of forty to seventy words; "
+            "Calculator and Database (a read-only SQL query over the Python reference's "
+            "topics): the null cases (no partial input). Not reproduced: the paper's models "
+            "and GPU decoding speed"
         ),
         build=lambda seed: generate_conveyor(config, seed, _embedded_token_count()),
         kv_cache_mib=128,
         max_model_len=2048,
         toolserve_overrides={"tools.hosted": hosted_conveyor_tools()},
-        reference_system="toolserve@tools.continuation.partial_execution=false",
+        reference_system=CONVEYOR_REFERENCE,
+        # Validation's calls are rejected, not run: no overlap bound applies.
+        tool_of_agent_type={
+            task: tool for task, tool in CONVEYOR_TOOL_OF_TASK.items() if task != "validation"
+        },
     )
 
 

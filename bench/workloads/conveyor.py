@@ -1,8 +1,9 @@
 """Partial tool execution's workloads (Conveyor, arXiv 2406.00059, §4), re-created
 on the embedded model: CodeGen (a script that computes and draws a sine plot,
 written statement by statement), Search (a query, then the result count),
-Planning (a plan of calculator and search stages) and the Calculator as the
-null case (its tool takes no partial input).
+Planning (a plan of calculator and search stages), Validation (a call whose first
+argument breaks its tool's schema, followed by a long one), and the Calculator and
+Database as the null cases (their tools take no partial input).
 
 Each turn the model writes one call of a hosted tool, its text fixed by
 structured outputs: every system decodes the same tokens, so the comparison is
@@ -34,6 +35,7 @@ from bench.workloads.program import (
 )
 from cluster.config import HostedToolConfig, ToolsConfig
 from toolworkers.builtin_tools import calculate
+from toolworkers.database_tool import query_database
 from toolworkers.plan_tool import run_plan
 from toolworkers.python_tool import python
 from toolworkers.registry import ToolRegistry
@@ -44,14 +46,27 @@ TOOL_FUNCTIONS = {
     "search": "toolworkers.search_tool:search",
     "run_plan": "toolworkers.plan_tool:run_plan",
     "calculator": "toolworkers.hosted_tools:calculator",
+    "query_database": "toolworkers.database_tool:query_database",
 }
-TASKS = ("codegen", "search", "planning", "calculator")
-_TOOL_OF_TASK = {
+TASKS = ("codegen", "search", "planning", "validation", "calculator", "database")
+TOOL_OF_TASK = {
     "codegen": "python",
     "search": "search",
     "planning": "run_plan",
+    "validation": "calculator",
     "calculator": "calculator",
+    "database": "query_database",
 }
+_VALIDATION_NOTE = (
+    "the sum is checked again before the result is written to the ledger and every "
+    "figure is rounded to two places so the totals agree with the monthly report"
+)
+CONVEYOR_REFERENCE = (
+    "toolserve@tools.continuation.partial_execution=false"
+    "@tools.continuation.stop_invalid_calls=false"
+)
+"""toolserve acting on calls only once they are written: no partial runs, no
+validator on the stream."""
 SYSTEM_PROMPT = "You are an agent. Use the tool, then answer in one short sentence."
 
 
@@ -67,10 +82,18 @@ class ConveyorConfig(BaseModel):
         default=24, gt=0, description="Token cap of the answer after the tool's result."
     )
     call_token_margin: float = Field(
-        default=1.25,
+        default=1.6,
         ge=1,
-        description="A call's budget over its text's tokenization (the engine, held to "
-        "the text, may write it in more tokens: up to 15% more was seen).",
+        description="A call's budget over its text's tokenization: the engine, held to "
+        "the text by a grammar, writes it in more tokens than the tokenizer makes of it "
+        "(measured on the embedded model: up to 1.48x on the CodeGen script, 1.07-1.21x "
+        "on the other calls).",
+    )
+    note_token_margin: float = Field(
+        default=3.5,
+        ge=1,
+        description="The same for a Validation call, whose prose note inside a JSON "
+        "string the engine writes in far smaller pieces (2.6-3.2x measured).",
     )
 
 
@@ -128,6 +151,18 @@ def _task_arguments(task: str, rng: random.Random) -> dict[str, Any]:
                 {"tool": "search", "input": rng.choice(["with statement", "generators"])},
             ]
         }
+    if task == "validation":
+        # A number where the schema wants a string, then a long note: a validator on the
+        # stream rejects the call when `expression` closes; otherwise the tool rejects it
+        # once the whole call is written.
+        words = _VALIDATION_NOTE.split()
+        note = " ".join(words[i % len(words)] for i in range(rng.randint(40, 70)))
+        return {"expression": rng.randint(100, 999), "note": note}
+    if task == "database":
+        return {
+            "sql": f"SELECT name, words FROM topics WHERE words > {rng.randint(200, 2000)} "
+            f"ORDER BY words DESC LIMIT {rng.randint(3, 8)}"
+        }
     return {"expression": f"({rng.randint(100, 999)} + {rng.randint(100, 999)}) * 7"}
 
 
@@ -149,7 +184,8 @@ _RUNS = {
     "python": lambda arguments: python(str(arguments["code"])),
     "search": lambda arguments: search(str(arguments["query"]), int(arguments["max_results"])),
     "run_plan": lambda arguments: run_plan(list(arguments["stages"])),
-    "calculator": lambda arguments: calculate(str(arguments["expression"])),
+    "calculator": lambda arguments: calculate(arguments["expression"]),
+    "query_database": lambda arguments: query_database(str(arguments["sql"])),
 }
 
 
@@ -220,8 +256,9 @@ def generate_conveyor(
     arrivals = poisson_arrivals(len(kinds), config.arrival_rate_per_s, rng)
     programs = []
     for index, (task, arrival) in enumerate(zip(kinds, arrivals, strict=True)):
-        tool = _TOOL_OF_TASK[task]
+        tool = TOOL_OF_TASK[task]
         calls = [_task_arguments(task, rng) for _ in range(config.turns)]
+        margin = config.note_token_margin if task == "validation" else config.call_token_margin
         programs.append(
             ConveyorProgram(
                 program_id=f"conveyor-{seed}-{index:03d}",
@@ -231,7 +268,7 @@ def generate_conveyor(
                 messages=[{"role": "system", "content": SYSTEM_PROMPT}],
                 calls=calls,
                 call_tokens=[
-                    math.ceil(count_tokens(forced_call(tool, arguments)) * config.call_token_margin)
+                    math.ceil(count_tokens(forced_call(tool, arguments)) * margin)
                     for arguments in calls
                 ],
                 tool=tool,

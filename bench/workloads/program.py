@@ -67,6 +67,9 @@ class Reply:
     to go into the conversation before the reply's own message."""
     replica: str | None = None
     """The model replica that answered (`X-Toolserve-Replica`), where the server says."""
+    first_result_s: float | None = None
+    """Streamed replies: seconds from sending the request to the first chunk that
+    carried tool results the server ran (None: it ran none)."""
 
     def assistant_message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": self.content or ""}

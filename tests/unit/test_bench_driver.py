@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -71,3 +72,21 @@ def test_a_streamed_reply_adds_up_its_content_calls_executed_messages_and_usage(
     assert (reply.prompt_tokens, reply.cached_tokens, reply.completion_tokens) == (30, 16, 12)
     assert reply.executed_messages == tuple(executed)
     assert reply.replica == "replica-1"
+
+
+def test_a_streamed_reply_times_its_first_server_run_tool_result() -> None:
+    executed = [{"role": "tool", "tool_call_id": "s1", "content": "error: invalid call"}]
+
+    async def slow_stream() -> AsyncIterator[ChatCompletionChunk]:
+        yield _chunk({"content": "I will."})
+        await asyncio.sleep(0.05)
+        yield _chunk({}, toolserve={"executed_messages": executed})
+        await asyncio.sleep(0.05)
+        yield _chunk({"content": " Done."}, finish="stop")
+
+    sent = time.monotonic()
+    reply = asyncio.run(reply_from_stream(slow_stream(), sent=sent))
+    assert reply.first_result_s is not None
+    assert 0.04 <= reply.first_result_s <= time.monotonic() - sent - 0.04
+    plain = asyncio.run(reply_from_stream(_stream([_chunk({"content": "Hi"})]), sent=sent))
+    assert plain.first_result_s is None

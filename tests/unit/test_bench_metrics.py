@@ -15,6 +15,7 @@ from bench.cpu import CpuUse
 from bench.driver import ClientStall, ProgramRecord, RequestRecord, StallMonitor
 from bench.metrics import (
     counter_totals,
+    hosted_tool_runs,
     jct_without_client_stalls,
     kv_cache_size_tokens,
     latency_by_turn_index,
@@ -32,11 +33,13 @@ from bench.report import PLOTS, write_markdown, write_plots, write_summary
 from bench.runner import ArmRun, ArmRuns, BenchOptions, arms_of, comparison_pairs, summarize
 from bench.systems import (
     EngineSettings,
+    cleared_toolserve_state,
     default_systems,
     stock_vllm_command,
     system_catalog,
     with_overrides,
 )
+from bench.workloads.conveyor import CONVEYOR_REFERENCE
 
 
 def _program(
@@ -650,3 +653,99 @@ def test_the_hot_path_is_shown_per_system_and_compared_as_added_latency_and_rati
     assert "| sequential_p50_ms | 65.0 | 68.0 |" in report
     assert "| c8_requests_per_s | 0.95x [0.95, 0.95] | 0.95 / 0.95 |" in report
     assert "| sequential_p50_ms | 3.00 ms [-9.71, 15.71] | 4.00 / 2.00 |" in report
+
+
+def _first_result(system: str, kind: str, turn: int, seconds: float) -> RequestRecord:
+    return replace(_request(system, turn, seconds + 1.0), agent_type=kind, first_result_s=seconds)
+
+
+def test_time_to_the_first_tool_result_is_compared_by_kind_beside_the_overlap_bound(
+    tmp_path: Path,
+) -> None:
+    reference, system = CONVEYOR_REFERENCE, "toolserve"
+
+    def run(label: str, round_index: int, search_s: float, validation_s: float) -> ArmRun:
+        arm_run = _arm_run(
+            [_program(label, "p", 10.0)],
+            [
+                _first_result(label, "search", 0, search_s),
+                _first_result(label, "validation", 1, validation_s),
+                _request(label, 2, 1.0),  # no tool result: not counted
+            ],
+            10.0,
+            round_index=round_index,
+        )
+        return replace(arm_run, tool_runs={"search": {"runs": 2.0, "seconds": 2.0}})
+
+    runs = {
+        reference: ArmRuns(reference, [run(reference, r, 4.0, 6.0) for r in (0, 1)]),
+        system: ArmRuns(system, [run(system, r, 3.0 + r, 1.5) for r in (0, 1)]),
+    }
+    options = replace(_options(tmp_path, list(runs), workload="conveyor"), repeats=2)
+    summary = summarize(
+        options, "conveyor", _settings(), 128, [list(runs)] * 2, runs, _provenance(), 0
+    )
+    table = summary["first_tool_result"]
+    search = table["systems"][reference]["search"]
+    assert search == {"mean_s": 4.0, "turns": 2, "tool": "search", "tool_s_per_run": 1.0}
+    assert table["systems"][reference]["validation"]["tool"] is None
+    (comparison,) = table["comparisons"]
+    assert (comparison["reference"], comparison["system"]) == (reference, system)
+    by_kind = comparison["by_kind"]
+    assert by_kind["search"]["per_round"] == pytest.approx([4 / 3, 1.0])
+    assert by_kind["search"]["bound"] == pytest.approx(4.0 / 3.0)  # g = 3, t = 1
+    assert by_kind["validation"]["per_round"] == pytest.approx([4.0, 4.0])
+    assert by_kind["validation"]["verdict"] == "faster"
+    assert by_kind["validation"]["bound"] is None
+
+    report = write_markdown(tmp_path, summary).read_text()
+    assert "## Time to the first tool result, by agent kind" in report
+    assert f"| {reference} | 4.00 s (1.00 s search) | 6.00 s |" in report
+    assert f"| {system} | {reference} | validation | 4.00x [4.00, 4.00] | 4.00 / 4.00 " in report
+    assert f"| {system} | {reference} | search | " in report and "| 1.33x |" in report
+
+
+def test_a_run_without_server_run_tools_has_no_first_result_table(tmp_path: Path) -> None:
+    runs = {"toolserve": ArmRuns("toolserve", [_arm_run([], [_request("toolserve", 0, 1.0)], 1)])}
+    summary = summarize(
+        _options(tmp_path, list(runs)), "x", _settings(), 128, [list(runs)], runs, _provenance(), 0
+    )
+    assert "first_tool_result" not in summary
+
+
+def test_hosted_tool_runs_are_the_latency_histograms_growth_by_tool() -> None:
+    def scrape(search_runs: float, search_s: float) -> str:
+        labels = 'application="toolserve",tool="search"'
+        return (
+            "# TYPE ray_toolserve_tool_latency_s histogram\n"
+            f'ray_toolserve_tool_latency_s_bucket{{{labels},le="+Inf"}} {search_runs}\n'
+            f"ray_toolserve_tool_latency_s_count{{{labels}}} {search_runs}\n"
+            f"ray_toolserve_tool_latency_s_sum{{{labels}}} {search_s}\n"
+        )
+
+    assert hosted_tool_runs(scrape(2, 1.5), scrape(5, 4.5)) == {
+        "search": {"runs": 3.0, "seconds": pytest.approx(3.0)}
+    }
+    assert hosted_tool_runs(scrape(2, 1.5), scrape(2, 1.5)) == {}
+    assert hosted_tool_runs("", "") == {}
+
+
+def test_an_arm_starts_with_no_toolserve_keys_in_its_redis(redis_url: str) -> None:
+    import redis
+
+    base, _, _ = redis_url.rpartition("/")
+    url = f"{base}/12"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    try:
+        client.set("toolserve:tool-cache:entry:x", "cached")
+        client.mset({f"toolserve:session:{n}": n for n in range(2500)})
+        client.set("someone-else", "kept")
+        assert cleared_toolserve_state(url) == 2501
+        assert client.keys("toolserve:*") == []
+        assert client.get("someone-else") == b"kept"
+        assert cleared_toolserve_state(url) == 0
+    finally:
+        client.flushdb()
+        client.close()
+    assert cleared_toolserve_state("redis://127.0.0.1:1/0") == 0, "no Redis yet: nothing held"

@@ -12,6 +12,7 @@ from bench.stats import (
     Interval,
     bootstrap,
     mean,
+    overlap_speedup_bound,
     p90,
     paired_ratio,
     round_orders,
@@ -193,3 +194,15 @@ def test_each_round_runs_every_arm_once_in_varying_order() -> None:
     orders = round_orders(arms, 12, seed=0)
     assert all(sorted(order) == arms for order in orders)
     assert len({order[0] for order in orders}) > 1
+
+
+def test_the_overlap_bound_is_whole_over_the_longer_of_decoding_and_tool() -> None:
+    # g = 3, t = 1: at best the tool hides inside decoding, 4 / 3.
+    assert overlap_speedup_bound(4.0, 1.0) == pytest.approx(4 / 3)
+    # g = t: the largest possible gain, twice as soon.
+    assert overlap_speedup_bound(4.0, 2.0) == pytest.approx(2.0)
+    # g = 1, t = 3: decoding hides inside the tool.
+    assert overlap_speedup_bound(4.0, 3.0) == pytest.approx(4 / 3)
+    assert overlap_speedup_bound(4.0, 0.0) == pytest.approx(1.0)
+    assert overlap_speedup_bound(4.0, 5.0) is None
+    assert overlap_speedup_bound(0.0, 0.0) is None

@@ -581,7 +581,8 @@ def test_conveyor_programs_force_hosted_calls_whose_text_parses_back() -> None:
         lead, body = text.removesuffix("\n</tool_call>").split("\n<tool_call>\n")
         assert lead and "<" not in lead, "content first: the structured output's branch"
         assert json.loads(body) == {"name": program.tool, "arguments": program.calls[0]}
-        call_budget = math.ceil(len(text) // 3 * 1.25)
+        margin = 3.5 if program.agent_type == "validation" else 1.6
+        call_budget = math.ceil(len(text) // 3 * margin)
         assert request.max_tokens == call_budget + program.answer_max_tokens
 
 
@@ -617,3 +618,22 @@ def test_a_conveyor_call_handed_to_the_agent_runs_then_answers_within_the_turns_
     assert answer.max_tokens == first.max_tokens - 20  # what the call's 20 tokens left
     asyncio.run(program.act(answer, _reply(content="It is 7.")))
     assert program.next_request() is not None  # the second turn
+
+
+def test_a_validation_call_breaks_its_schema_first_then_writes_a_long_note() -> None:
+    program = next(p for p in _conveyor_programs() if p.agent_type == "validation")
+    assert program.tool == "calculator"
+    (arguments, *_) = program.calls
+    assert list(arguments) == ["expression", "note"], "the violating field comes first"
+    assert isinstance(arguments["expression"], int)
+    assert len(arguments["note"].split()) >= 40
+    outcome = program.execute(ToolCall("c1", "calculator", json.dumps(arguments)))
+    assert not outcome.usable, "the agent's tool rejects the call as the server's does"
+
+
+def test_a_database_call_runs_a_read_only_query_whole() -> None:
+    program = next(p for p in _conveyor_programs() if p.agent_type == "database")
+    assert program.tool == "query_database"
+    output = conveyor_run("query_database", program.calls[0])
+    assert output.splitlines()[0] == "name | words"
+    assert len(output.splitlines()) > 1
