@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import yaml
@@ -340,6 +341,15 @@ class SystemSpec:
 
 
 TOOLSERVE_KEYS = "toolserve:*"
+BENCH_REDIS_DB = 9
+"""The Redis database of every toolserve arm (on the profile's Redis server): apart
+from any other toolserve using that server, such as a development cluster."""
+
+
+def bench_redis_url(profile_url: str) -> str:
+    """The profile's Redis server, database `BENCH_REDIS_DB`."""
+    parts = urlsplit(profile_url)
+    return urlunsplit(parts._replace(path=f"/{BENCH_REDIS_DB}"))
 
 
 def cleared_toolserve_state(redis_url: str) -> int:
@@ -376,10 +386,11 @@ def toolserve_config(
     metrics_port: int,
 ) -> dict[str, Any]:
     """A toolserve system's configuration: the profile with the benchmark's engine
-    settings, ports and the system's own overrides."""
+    settings, ports, the bench's Redis database and the system's own overrides."""
     raw = with_overrides(
         base_config,
         {
+            "redis.url": bench_redis_url(base_config["redis"]["url"]),
             "main.engine.max_model_len": settings.max_model_len,
             "main.engine.kv_cache_memory_bytes": settings.kv_cache_memory_bytes,
             "main.engine.model": settings.model_path,

@@ -366,8 +366,10 @@ def _conveyor(size: Size) -> WorkloadPlan:
             "and GPU decoding speed"
         ),
         build=lambda seed: generate_conveyor(config, seed, _embedded_token_count()),
-        kv_cache_mib=128,
-        max_model_len=2048,
+        # Three CodeGen turns (each call some 600 tokens as the engine writes it)
+        # outgrow 2048 tokens by the last one.
+        kv_cache_mib=128 if size == "quick" else 256,
+        max_model_len=2048 if size == "quick" else 4096,
         toolserve_overrides={"tools.hosted": hosted_conveyor_tools()},
         reference_system=CONVEYOR_REFERENCE,
         # Validation's calls are rejected, not run: no overlap bound applies.

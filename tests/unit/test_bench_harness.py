@@ -63,6 +63,7 @@ def test_toolserve_engine_gets_the_settings_the_stock_servers_get(tmp_path: Path
     assert chat.tool_call_parser == stock_engine["tool_call_parser"]
     assert chat.tool_strict_level == stock_engine["tool_strict_level"]
     assert config.main.cpu_binding(0) == settings.cpu_threads_bind
+    assert config.redis.url.endswith("/9"), "arms keep to the bench's Redis database"
 
 
 def test_each_ablation_turns_off_one_mechanism_and_keeps_the_other() -> None:

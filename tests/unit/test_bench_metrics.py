@@ -33,6 +33,7 @@ from bench.report import PLOTS, write_markdown, write_plots, write_summary
 from bench.runner import ArmRun, ArmRuns, BenchOptions, arms_of, comparison_pairs, summarize
 from bench.systems import (
     EngineSettings,
+    bench_redis_url,
     cleared_toolserve_state,
     default_systems,
     stock_vllm_command,
@@ -734,7 +735,7 @@ def test_an_arm_starts_with_no_toolserve_keys_in_its_redis(redis_url: str) -> No
     import redis
 
     base, _, _ = redis_url.rpartition("/")
-    url = f"{base}/12"
+    url = f"{base}/11"
     client = redis.Redis.from_url(url)
     client.flushdb()
     try:
@@ -749,3 +750,10 @@ def test_an_arm_starts_with_no_toolserve_keys_in_its_redis(redis_url: str) -> No
         client.flushdb()
         client.close()
     assert cleared_toolserve_state("redis://127.0.0.1:1/0") == 0, "no Redis yet: nothing held"
+
+
+def test_toolserve_arms_use_the_bench_redis_database_of_the_profiles_server() -> None:
+    assert bench_redis_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/9"
+    assert bench_redis_url("redis://:secret@redis.example:7000") == (
+        "redis://:secret@redis.example:7000/9"
+    )
