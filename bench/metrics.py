@@ -7,8 +7,12 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from bench.driver import ClientStall, ProgramRecord, RequestRecord
+
+if TYPE_CHECKING:
+    from prometheus_client.samples import Sample
 
 BASELINE = "stock-vllm"
 
@@ -224,18 +228,27 @@ RATE_NAMES = (
 )
 
 
-def counter_totals(metrics_text: str) -> dict[str, float]:
-    """Counter values summed over labels, by sample name (Prometheus text format)."""
+def _parsed_samples(metrics_text: str) -> list[Sample]:
+    """Every sample of a scrape (Prometheus text format); none for a scrape that
+    does not parse."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    totals: dict[str, float] = defaultdict(float)
     try:
-        for family in text_string_to_metric_families(metrics_text):
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    totals[sample.name] += sample.value
+        return [
+            sample
+            for family in text_string_to_metric_families(metrics_text)
+            for sample in family.samples
+        ]
     except ValueError:
-        return {}
+        return []
+
+
+def counter_totals(metrics_text: str) -> dict[str, float]:
+    """Counter values summed over labels, by sample name (Prometheus text format)."""
+    totals: dict[str, float] = defaultdict(float)
+    for sample in _parsed_samples(metrics_text):
+        if sample.name.endswith("_total"):
+            totals[sample.name] += sample.value
     return dict(totals)
 
 
@@ -310,33 +323,21 @@ class _CounterSelector:
 def _summed_counters(metrics_text: str, selectors: dict[str, _CounterSelector]) -> dict[str, float]:
     """Each selected figure summed over the samples it selects; a figure nothing
     selects is absent."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     figures: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(metrics_text):
-            for sample in family.samples:
-                for figure, selector in selectors.items():
-                    if selector.matches(sample.name, sample.labels):
-                        figures[figure] = figures.get(figure, 0.0) + sample.value
-    except ValueError:
-        return {}
+    for sample in _parsed_samples(metrics_text):
+        for figure, selector in selectors.items():
+            if selector.matches(sample.name, sample.labels):
+                figures[figure] = figures.get(figure, 0.0) + sample.value
     return figures
 
 
 def _summed_by_label(metrics_text: str, names: tuple[str, ...], label: str) -> dict[str, float]:
     """Samples of any of `names`, summed per value of `label`."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     sums: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(metrics_text):
-            for sample in family.samples:
-                if sample.name in names and label in sample.labels:
-                    value = sample.labels[label]
-                    sums[value] = sums.get(value, 0.0) + sample.value
-    except ValueError:
-        return {}
+    for sample in _parsed_samples(metrics_text):
+        if sample.name in names and label in sample.labels:
+            value = sample.labels[label]
+            sums[value] = sums.get(value, 0.0) + sample.value
     return sums
 
 

@@ -674,13 +674,18 @@ def _first_tool_result_by_agent_type(
     )
     if not kinds:
         return {}
+    by_round = {
+        (label, kind): _first_results_by_round(arm, rounds, kind)
+        for label, arm in runs.items()
+        for kind in kinds
+    }
     mean_s: dict[tuple[str, str], float | None] = {}
     tool_s: dict[tuple[str, str], float | None] = {}
     systems: dict[str, dict[str, Any]] = {}
     for label, arm in runs.items():
         systems[label] = {}
         for kind in kinds:
-            seconds = [v for r in _first_results_by_round(arm, rounds, kind) for v in r.values()]
+            seconds = [v for r in by_round[label, kind] for v in r.values()]
             tool = tool_of_agent_type.get(kind)
             mean_s[label, kind] = sum(seconds) / len(seconds) if seconds else None
             tool_s[label, kind] = _tool_seconds_per_run(arm, tool) if tool else None
@@ -694,10 +699,7 @@ def _first_tool_result_by_agent_type(
     for reference, label in comparison_pairs(list(runs)):
         by_kind = {}
         for kind in kinds:
-            paired = paired_ratio(
-                _first_results_by_round(runs[reference], rounds, kind),
-                _first_results_by_round(runs[label], rounds, kind),
-            )
+            paired = paired_ratio(by_round[reference, kind], by_round[label, kind])
             whole, tool_run = mean_s[reference, kind], tool_s[reference, kind]
             bound = (
                 overlap_speedup_bound(whole, tool_run)
