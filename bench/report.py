@@ -172,6 +172,28 @@ def _time_saved_by_agent_type(summary: dict[str, Any]) -> list[str]:
     ]
 
 
+def _jct_ratio_by_agent_type(summary: dict[str, Any]) -> list[str]:
+    comparisons = summary.get("jct_ratio_by_agent_type")
+    if not comparisons:
+        return []
+    lines = [
+        "## Mean JCT ratio by agent kind (paired by round)",
+        "",
+        "As in the comparisons above, over each kind's programs alone.",
+        "",
+        "| system | reference | agent kind | mean JCT ratio [95% CI] | per round | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for entry in comparisons:
+        for kind, ratio in entry["by_kind"].items():
+            lines.append(
+                f"| {entry['system']} | {entry['reference']} | {kind} "
+                f"| {format_interval(ratio, 'x', 2)} | {_per_round(ratio)} "
+                f"| {ratio['verdict'] if ratio else 'n/a'} |"
+            )
+    return [*lines, ""]
+
+
 def _first_tool_result(summary: dict[str, Any]) -> list[str]:
     table = summary.get("first_tool_result")
     if not table:
@@ -603,6 +625,7 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         "or did not come where one was required.",
         "",
         *_time_saved_by_agent_type(summary),
+        *_jct_ratio_by_agent_type(summary),
         *_first_tool_result(summary),
         "## Plots",
         "",

@@ -424,12 +424,15 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return sum(present) / len(present) if present else None
 
 
-def _jct_by_round(arm: ArmRuns, rounds: int, less_stalls: bool = False) -> list[dict[str, float]]:
-    """Per round, program id -> JCT of the programs the arm completed."""
+def _jct_by_round(
+    arm: ArmRuns, rounds: int, less_stalls: bool = False, agent_type: str | None = None
+) -> list[dict[str, float]]:
+    """Per round, program id -> JCT of the programs the arm completed (of one agent
+    kind, if given)."""
     by_round: list[dict[str, float]] = [{} for _ in range(rounds)]
     for run in arm.runs:
         for program in run.programs:
-            if program.error is None:
+            if program.error is None and agent_type in (None, program.agent_type):
                 by_round[run.round][program.program_id] = (
                     jct_without_client_stalls(program, run.stalls) if less_stalls else program.jct_s
                 )
@@ -613,6 +616,7 @@ def summarize(
         "comparisons": comparisons,
         "effective_configuration": {label: arm.launch for label, arm in runs.items()},
         **_time_saved_by_agent_type(runs, reference_system),
+        **_jct_ratio_by_agent_type(runs, rounds),
         **_first_tool_result_by_agent_type(runs, rounds, plan.tool_of_agent_type),
     }
 
@@ -638,6 +642,26 @@ def _time_saved_by_agent_type(
             for kind in kinds
         }
     return {"time_saved_by_agent_type_pct": {"reference": reference_system, "systems": table}}
+
+
+def _jct_ratio_by_agent_type(runs: dict[str, ArmRuns], rounds: int) -> dict[str, Any]:
+    """Where programs are of several kinds: each compared pair's mean JCT ratio per
+    kind, paired by round as the whole run's is (a null case's "no slowdown" is a
+    claim about its own programs, which the run's mean can hide)."""
+    kinds = sorted({program.agent_type for arm in runs.values() for program in arm.programs})
+    if len(kinds) < 2:
+        return {}
+    comparisons = []
+    for reference, label in comparison_pairs(list(runs)):
+        by_kind = {}
+        for kind in kinds:
+            paired = paired_ratio(
+                _jct_by_round(runs[reference], rounds, agent_type=kind),
+                _jct_by_round(runs[label], rounds, agent_type=kind),
+            )
+            by_kind[kind] = paired.as_json() if paired else None
+        comparisons.append({"reference": reference, "system": label, "by_kind": by_kind})
+    return {"jct_ratio_by_agent_type": comparisons}
 
 
 def _first_results_by_round(arm: ArmRuns, rounds: int, agent_type: str) -> list[dict[str, float]]:

@@ -530,6 +530,40 @@ def test_time_saved_is_reported_per_agent_kind_against_the_reference(tmp_path: P
     assert "time_saved_by_agent_type_pct" not in empty
 
 
+def test_each_agent_kind_has_its_own_paired_jct_ratio(tmp_path: Path) -> None:
+    def run(label: str, round_index: int, codegen_jct: float) -> ArmRun:
+        programs = [
+            replace(_program(label, "c", codegen_jct), agent_type="codegen"),
+            replace(_program(label, "d", 8.0), agent_type="database"),
+        ]
+        return _arm_run(programs, [], 10.0, round_index=round_index)
+
+    reference, system = CONVEYOR_REFERENCE, "toolserve"
+    runs = {
+        reference: ArmRuns(reference, [run(reference, r, 12.0) for r in (0, 1)]),
+        system: ArmRuns(system, [run(system, r, 6.0 + 2 * r) for r in (0, 1)]),
+    }
+    options = replace(_options(tmp_path, list(runs), workload="conveyor"), repeats=2)
+    summary = summarize(
+        options, "conveyor", _settings(), 128, [list(runs)] * 2, runs, _provenance(), 0
+    )
+    (comparison,) = summary["jct_ratio_by_agent_type"]
+    assert (comparison["reference"], comparison["system"]) == (reference, system)
+    assert comparison["by_kind"]["codegen"]["per_round"] == pytest.approx([2.0, 1.5])
+    assert comparison["by_kind"]["database"]["per_round"] == pytest.approx([1.0, 1.0])
+    assert comparison["by_kind"]["database"]["verdict"] == "not resolved"
+    report = write_markdown(tmp_path, summary).read_text()
+    assert "## Mean JCT ratio by agent kind (paired by round)" in report
+    assert f"| {system} | {reference} | database | 1.00x [1.00, 1.00] | 1.00 / 1.00 |" in report
+    one_kind = {
+        label: ArmRuns(label, [_arm_run([_program(label, "p", 5.0)], [], 5.0)]) for label in runs
+    }
+    assert "jct_ratio_by_agent_type" not in summarize(
+        _options(tmp_path, list(one_kind)), "x", _settings(), 128, [list(one_kind)], one_kind,
+        _provenance(), 0,
+    )  # fmt: skip
+
+
 def test_speculation_variants_are_toolserve_systems() -> None:
     catalog = system_catalog()
     assert catalog["toolserve-client-speculation"].client_speculation
