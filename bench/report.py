@@ -172,8 +172,9 @@ def _time_saved_by_agent_type(summary: dict[str, Any]) -> list[str]:
     ]
 
 
-def _jct_ratio_by_agent_type(summary: dict[str, Any]) -> list[str]:
-    comparisons = summary.get("jct_ratio_by_agent_type")
+def jct_ratio_by_agent_type_lines(comparisons: list[dict[str, Any]]) -> list[str]:
+    """The report's section on each kind's paired mean JCT ratio (also printed by
+    `toolserve bench-table --by-kind` from a recorded run's records)."""
     if not comparisons:
         return []
     lines = [
@@ -625,7 +626,7 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         "or did not come where one was required.",
         "",
         *_time_saved_by_agent_type(summary),
-        *_jct_ratio_by_agent_type(summary),
+        *jct_ratio_by_agent_type_lines(summary.get("jct_ratio_by_agent_type", [])),
         *_first_tool_result(summary),
         "## Plots",
         "",

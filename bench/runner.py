@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -424,15 +424,12 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return sum(present) / len(present) if present else None
 
 
-def _jct_by_round(
-    arm: ArmRuns, rounds: int, less_stalls: bool = False, agent_type: str | None = None
-) -> list[dict[str, float]]:
-    """Per round, program id -> JCT of the programs the arm completed (of one agent
-    kind, if given)."""
+def _jct_by_round(arm: ArmRuns, rounds: int, less_stalls: bool = False) -> list[dict[str, float]]:
+    """Per round, program id -> JCT of the programs the arm completed."""
     by_round: list[dict[str, float]] = [{} for _ in range(rounds)]
     for run in arm.runs:
         for program in run.programs:
-            if program.error is None and agent_type in (None, program.agent_type):
+            if program.error is None:
                 by_round[run.round][program.program_id] = (
                     jct_without_client_stalls(program, run.stalls) if less_stalls else program.jct_s
                 )
@@ -645,23 +642,38 @@ def _time_saved_by_agent_type(
 
 
 def _jct_ratio_by_agent_type(runs: dict[str, ArmRuns], rounds: int) -> dict[str, Any]:
+    comparisons = jct_ratio_by_agent_type(
+        {label: arm.programs for label, arm in runs.items()}, rounds
+    )
+    return {"jct_ratio_by_agent_type": comparisons} if comparisons else {}
+
+
+def jct_ratio_by_agent_type(
+    programs: Mapping[str, Sequence[ProgramRecord]], rounds: int
+) -> list[dict[str, Any]]:
     """Where programs are of several kinds: each compared pair's mean JCT ratio per
-    kind, paired by round as the whole run's is (a null case's "no slowdown" is a
-    claim about its own programs, which the run's mean can hide)."""
-    kinds = sorted({program.agent_type for arm in runs.values() for program in arm.programs})
+    kind, paired by round (a program's `repeat`) as the whole run's is (a null
+    case's "no slowdown" is a claim about its own programs, which the run's mean
+    can hide). `programs`: each arm's, in the run's arm order."""
+    kinds = sorted({program.agent_type for arm in programs.values() for program in arm})
     if len(kinds) < 2:
-        return {}
+        return []
+
+    def by_round(label: str, kind: str) -> list[dict[str, float]]:
+        jct: list[dict[str, float]] = [{} for _ in range(rounds)]
+        for program in programs[label]:
+            if program.error is None and program.agent_type == kind:
+                jct[program.repeat][program.program_id] = program.jct_s
+        return jct
+
     comparisons = []
-    for reference, label in comparison_pairs(list(runs)):
+    for reference, label in comparison_pairs(list(programs)):
         by_kind = {}
         for kind in kinds:
-            paired = paired_ratio(
-                _jct_by_round(runs[reference], rounds, agent_type=kind),
-                _jct_by_round(runs[label], rounds, agent_type=kind),
-            )
+            paired = paired_ratio(by_round(reference, kind), by_round(label, kind))
             by_kind[kind] = paired.as_json() if paired else None
         comparisons.append({"reference": reference, "system": label, "by_kind": by_kind})
-    return {"jct_ratio_by_agent_type": comparisons}
+    return comparisons
 
 
 def _first_results_by_round(arm: ArmRuns, rounds: int, agent_type: str) -> list[dict[str, float]]:

@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.report import format_interval
+from bench.driver import ProgramRecord
+from bench.report import format_interval, jct_ratio_by_agent_type_lines
+from bench.runner import jct_ratio_by_agent_type
 from bench.stats import Interval
 from bench.workloads.hot_path import ADDED
 
@@ -32,6 +34,23 @@ def _load(run_dir: Path) -> dict[str, Any]:
     if summary.get("rounds_planned", summary["rounds"]) > summary["rounds"]:
         raise ValueError(f"{run_dir}: only {summary['rounds']} of its rounds were recorded")
     return summary
+
+
+def by_kind_table(run_dir: Path) -> str:
+    """Each agent kind's mean JCT ratio, paired by round, from a recorded run's
+    `records.jsonl` (for runs recorded before their report gave it)."""
+    summary = _load(run_dir)
+    arms = list(summary["arms"])
+    programs: dict[str, list[ProgramRecord]] = {label: [] for label in arms}
+    with (run_dir / "records.jsonl").open() as records:
+        for line in records:
+            record = json.loads(line)
+            if record.pop("kind") == "program" and record["system"] in programs:
+                programs[record["system"]].append(ProgramRecord(**record))
+    lines = jct_ratio_by_agent_type_lines(jct_ratio_by_agent_type(programs, summary["rounds"]))
+    if not lines:
+        raise ValueError(f"{run_dir}: its programs are all of one kind")
+    return "\n".join(lines)
 
 
 def _count(work: dict[str, Any], name: str) -> str:

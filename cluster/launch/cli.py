@@ -111,10 +111,13 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _bench_table(args: argparse.Namespace) -> int:
-    from bench.tables import bench_table
+    from bench.tables import bench_table, by_kind_table
 
     try:
-        print(bench_table(args.runs), end="")
+        if args.by_kind:
+            print("\n\n".join(by_kind_table(run) for run in args.runs))
+        else:
+            print(bench_table(args.runs), end="")
     except (OSError, ValueError) as error:
         _log(f"error: {error}")
         return 2
@@ -316,6 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
         "bench-table", help="print the README's benchmark tables from recorded runs"
     )
     table.add_argument("runs", nargs="+", type=Path, help="run folders under bench/results")
+    table.add_argument(
+        "--by-kind",
+        action="store_true",
+        help="print each run's mean JCT ratio per agent kind, paired by round, "
+        "from its records (the report gives it for runs recorded since it does)",
+    )
     table.set_defaults(run=_bench_table)
 
     helm_values = commands.add_parser(

@@ -40,6 +40,7 @@ from bench.systems import (
     system_catalog,
     with_overrides,
 )
+from bench.tables import by_kind_table
 from bench.workloads.conveyor import CONVEYOR_REFERENCE
 
 
@@ -555,6 +556,12 @@ def test_each_agent_kind_has_its_own_paired_jct_ratio(tmp_path: Path) -> None:
     report = write_markdown(tmp_path, summary).read_text()
     assert "## Mean JCT ratio by agent kind (paired by round)" in report
     assert f"| {system} | {reference} | database | 1.00x [1.00, 1.00] | 1.00 / 1.00 |" in report
+    # The same from a recorded run's files, for runs recorded before the report gave it.
+    write_summary(tmp_path, summary)
+    (tmp_path / "records.jsonl").write_text(
+        "".join(json.dumps(p.as_json()) + "\n" for arm in runs.values() for p in arm.programs)
+    )
+    assert by_kind_table(tmp_path) in report
     one_kind = {
         label: ArmRuns(label, [_arm_run([_program(label, "p", 5.0)], [], 5.0)]) for label in runs
     }
