@@ -46,7 +46,12 @@ def by_kind_table(run_dir: Path) -> str:
         for line in records:
             record = json.loads(line)
             if record.pop("kind") == "program" and record["system"] in programs:
-                programs[record["system"]].append(ProgramRecord(**record))
+                try:
+                    programs[record["system"]].append(ProgramRecord(**record))
+                except TypeError as error:
+                    raise ValueError(
+                        f"{run_dir}: its records predate this table: {error}"
+                    ) from None
     lines = jct_ratio_by_agent_type_lines(jct_ratio_by_agent_type(programs, summary["rounds"]))
     if not lines:
         raise ValueError(f"{run_dir}: its programs are all of one kind")

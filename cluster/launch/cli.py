@@ -115,7 +115,12 @@ def _bench_table(args: argparse.Namespace) -> int:
 
     try:
         if args.by_kind:
-            print("\n\n".join(by_kind_table(run) for run in args.runs))
+            named = len(args.runs) > 1
+            print(
+                "\n\n".join(
+                    (f"{run}\n\n" if named else "") + by_kind_table(run) for run in args.runs
+                )
+            )
         else:
             print(bench_table(args.runs), end="")
     except (OSError, ValueError) as error:
