@@ -28,6 +28,9 @@ logger = logging.getLogger("toolserve.router")
 
 ROUTED_METHOD = "chat"
 _LEDGER_PAUSE_S = 5.0
+# Ray drops a gauge's value from its metrics endpoint about two report intervals
+# (20 s by default) after the last `set`: the router sets it again on this cadence.
+_GAUGE_REFRESH_S = 5.0
 
 
 class _RouterMetrics:
@@ -49,8 +52,8 @@ class _RouterMetrics:
         )
         self.imbalance = Gauge(
             "toolserve_router_load_imbalance",
-            description="Most in-flight requests on one replica over the mean, at the "
-            "last routing decision.",
+            description="Most in-flight requests on one replica over the mean "
+            "(1 when balanced or idle), refreshed every few seconds.",
         )
 
 
@@ -73,6 +76,13 @@ def _parent_of(request: Any) -> str | None:
 class _Booking(NamedTuple):
     replica_id: str
     program_id: str
+
+
+def load_imbalance(in_flight: list[int]) -> float:
+    """The busiest replica's in-flight requests over the mean; 1 when balanced,
+    idle or without replicas."""
+    mean = sum(in_flight) / len(in_flight) if in_flight else 0.0
+    return max(in_flight) / mean if mean else 1.0
 
 
 def _serving(replicas: list[RunningReplica]) -> list[RunningReplica]:
@@ -110,6 +120,7 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
         self._request_booking: dict[str, _Booking] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._metrics: _RouterMetrics | None = None
+        self._gauge_refresher: asyncio.Task[None] | None = None
 
     async def choose_replicas(
         self,
@@ -197,9 +208,15 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
         if pinned is not None and previous is None:
             hit = decision.reason is RoutingReason.PINNED
             metrics.pinned_turns.inc(tags={"outcome": "hit" if hit else "miss"})
-        counts = [self._in_flight[replica_id] for replica_id in loads]
-        mean = sum(counts) / len(counts)
-        metrics.imbalance.set(max(counts) / mean if mean else 1.0)
+        metrics.imbalance.set(load_imbalance([self._in_flight[replica_id] for replica_id in loads]))
+        if self._gauge_refresher is None:
+            self._gauge_refresher = self._event_loop.create_task(self._refresh_gauges(metrics))
+
+    async def _refresh_gauges(self, metrics: _RouterMetrics) -> None:
+        while True:
+            await asyncio.sleep(_GAUGE_REFRESH_S)
+            in_flight = [self._in_flight[replica_id] for replica_id in self._alive_replica_ids()]
+            metrics.imbalance.set(load_imbalance(in_flight))
 
     async def _release_stale_pin(self, program_id: str, replica_id: str) -> None:
         assert self._pins is not None  # a stale pin came from the ledger

@@ -306,3 +306,12 @@ def test_the_router_keys_the_typed_request_the_ingress_sends() -> None:
     assert key is not None and key == _prefix_key_of(typed("fix bug 2"), min_chars=100)
     assert key == shared_prefix_key([SYSTEM], TOOLS, min_chars=100)
     assert _prefix_key_of(None, min_chars=1) is None
+
+
+def test_load_imbalance_is_the_busiest_replica_over_the_mean() -> None:
+    from router.serve_router import load_imbalance
+
+    assert load_imbalance([3, 1]) == 1.5
+    assert load_imbalance([2, 2, 2]) == 1.0
+    assert load_imbalance([0, 0]) == 1.0
+    assert load_imbalance([]) == 1.0
