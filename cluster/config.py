@@ -525,6 +525,26 @@ class RayConfig(_Strict):
         "would otherwise have; a longer interval only delays noticing a replica that "
         "died or became ready by up to this long. A joined cluster keeps its own.",
     )
+    serve_metrics_flush_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=10,
+        description="How often, on a local instance, each Serve replica and "
+        "deployment handle hands the request metrics it has gathered to Ray's metrics "
+        "(Ray's own default is 0.1 s). Each pass wakes every replica and handle for "
+        "CPU the engine would otherwise have; Ray's agent exports them to Prometheus "
+        "only every report interval (10 s by default) either way. A joined cluster "
+        "keeps its own.",
+    )
+    serve_one_event_loop: bool = Field(
+        default=True,
+        description="On a local instance, each Serve replica runs its handlers and "
+        "its deployment handles' routing on the replica's own event loop (Ray Serve's "
+        "`RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0` and "
+        "`RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0`), so a request and each chunk of "
+        "its stream cross no thread. False: Ray's default of a thread and a loop "
+        "each. A joined cluster keeps its own.",
+    )
 
 
 class ResponseCacheConfig(_Strict):

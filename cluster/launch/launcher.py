@@ -38,6 +38,16 @@ def direct_ingress_environment(api_port: int) -> dict[str, str]:
     }
 
 
+def serve_event_loop_environment(one_loop: bool) -> dict[str, str]:
+    """Where a local instance's Serve replicas run handlers and handle routing:
+    on the replica's event loop, or on a thread and a loop of their own."""
+    separate = "0" if one_loop else "1"
+    return {
+        "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": separate,
+        "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": separate,
+    }
+
+
 class ClusterStartError(RuntimeError):
     """The cluster did not come up."""
 
@@ -113,6 +123,10 @@ class LocalCluster:
             os.environ["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] = str(
                 config.ray.serve_control_loop_interval_s
             )
+            os.environ["RAY_SERVE_METRICS_EXPORT_INTERVAL_MS"] = str(
+                round(config.ray.serve_metrics_flush_interval_s * 1000)
+            )
+            os.environ.update(serve_event_loop_environment(config.ray.serve_one_event_loop))
         direct = direct_ingress_environment(config.server.port)
         if config.server.ingress == "direct":
             os.environ.update(direct)

@@ -177,3 +177,14 @@ def test_the_main_model_in_the_ingress_is_one_replica() -> None:
     with pytest.raises(ValidationError, match="main_placement: own_replicas"):
         ToolserveConfig(name="x", main=two, main_placement="ingress")
     assert load_config().main_placement == "ingress"
+
+
+def test_serve_replicas_run_on_one_event_loop_unless_told_otherwise() -> None:
+    from cluster.launch.launcher import serve_event_loop_environment
+
+    assert load_config().ray.serve_one_event_loop
+    assert serve_event_loop_environment(True) == {
+        "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+        "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+    }
+    assert set(serve_event_loop_environment(False).values()) == {"1"}
