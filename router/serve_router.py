@@ -151,7 +151,7 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
                 view, previous_replica=parent_replica or self._directory.last_replica(parent_id)
             )
         decision = self._policy.choose(view, loads, self._directory.live_programs(time.monotonic()))
-        self._book(metadata.internal_request_id, program_id, prefix_key, decision, pinned, loads)
+        self._book(metadata.internal_request_id, program_id, prefix_key, decision, pinned)
         return [[by_id[decision.replica_id]]]
 
     def _open(self, by_id: dict[str, RunningReplica]) -> list[str]:
@@ -189,7 +189,6 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
         prefix_key: str | None,
         decision: RoutingDecision,
         pinned: str | None,
-        loads: dict[str, int],
     ) -> None:
         # A request that waited for a full replica is chosen again: move its load.
         previous = self._request_booking.get(request_id)
@@ -208,15 +207,18 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
         if pinned is not None and previous is None:
             hit = decision.reason is RoutingReason.PINNED
             metrics.pinned_turns.inc(tags={"outcome": "hit" if hit else "miss"})
-        metrics.imbalance.set(load_imbalance([self._in_flight[replica_id] for replica_id in loads]))
+        self._report_imbalance(metrics)
         if self._gauge_refresher is None:
             self._gauge_refresher = self._event_loop.create_task(self._refresh_gauges(metrics))
+
+    def _report_imbalance(self, metrics: _RouterMetrics) -> None:
+        in_flight = [self._in_flight[replica_id] for replica_id in self._alive_replica_ids()]
+        metrics.imbalance.set(load_imbalance(in_flight))
 
     async def _refresh_gauges(self, metrics: _RouterMetrics) -> None:
         while True:
             await asyncio.sleep(_GAUGE_REFRESH_S)
-            in_flight = [self._in_flight[replica_id] for replica_id in self._alive_replica_ids()]
-            metrics.imbalance.set(load_imbalance(in_flight))
+            self._report_imbalance(metrics)
 
     async def _release_stale_pin(self, program_id: str, replica_id: str) -> None:
         assert self._pins is not None  # a stale pin came from the ledger
