@@ -507,7 +507,11 @@ class OpenAIIngress:
         self._tools_config = tools
         self._tools = tool_executor(tools, redis_url, tool_workers)
         self._speculator = Speculator(
-            tools.speculation, self._tools, self._draft_target, self._draft_model
+            tools.speculation,
+            self._tools,
+            self._draft_target,
+            self._draft_model,
+            self._main.add_predicted_calls if drafts_predicted_calls else None,
         )
         from ray.serve.metrics import Counter, Histogram
 

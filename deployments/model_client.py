@@ -50,6 +50,8 @@ class ModelClient(Protocol):
 
     async def end_program(self, program_id: str) -> bool: ...
 
+    async def add_predicted_calls(self, program_id: str, call_texts: list[str]) -> int: ...
+
 
 class ReplicaClient:
     """The replicas of a model deployment; the deployment's router picks one per
@@ -78,6 +80,12 @@ class ReplicaClient:
     async def end_program(self, program_id: str) -> bool:
         ended: bool = await self._handle.end_program.remote(program_id)
         return ended
+
+    async def add_predicted_calls(self, program_id: str, call_texts: list[str]) -> int:
+        # The session router sends it where the program's turn went.
+        handle = self._handle.options(session_id=program_id)
+        taken: int = await handle.add_predicted_calls.remote(program_id, call_texts)
+        return taken
 
 
 class _LocalStream:
@@ -116,6 +124,9 @@ class InProcessClient:
 
     async def end_program(self, program_id: str) -> bool:
         return await self._server.end_program(program_id)
+
+    async def add_predicted_calls(self, program_id: str, call_texts: list[str]) -> int:
+        return await self._server.add_predicted_calls(program_id, call_texts)
 
     async def check_health(self) -> None:
         await self._server.check_health()

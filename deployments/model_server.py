@@ -31,6 +31,7 @@ from deployments.continuation import (
 )
 from deployments.engine_setup import create_engine_config
 from deployments.errors import ApiError, engine_not_ready
+from deployments.pinning.plugin import PREDICTED_CALLS_METHOD
 from deployments.pinning.replica import EnginePinning, tool_called
 from deployments.pinning.settings import EnginePinningSettings
 from deployments.prompt_cache.frontend import install_prompt_preparation
@@ -436,6 +437,22 @@ class ModelServer:
             return False
         await self._pinning.end_program(program_id)
         return True
+
+    async def add_predicted_calls(self, program_id: str, call_texts: list[str]) -> int:
+        """Calls predicted after the program's turn was sent (the draft model's), for
+        the engine to draft from in the program's requests running here; how many
+        requests took them."""
+        lookup = self._deployment.prompt_lookup
+        if (
+            not (lookup.enabled and lookup.predicted_calls)
+            or self._engine is None
+            or self._readiness()[0] is not EngineState.READY
+        ):
+            return 0
+        taken: int = await self._engine.engine_core.call_utility_async(
+            PREDICTED_CALLS_METHOD, program_id, call_texts
+        )
+        return taken
 
     def __del__(self) -> None:
         if self._status_task is not None:

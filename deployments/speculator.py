@@ -1,16 +1,17 @@
 """Ingress side of speculative tool calls: for each chat turn that declares hosted
 tools, predict its calls (learned transitions at once, before the turn is sent,
 so the engine can draft the call's tokens from them; the draft model's λ
-samples when they arrive), start the chosen ones on the tool workers through
-the global tool cache, and settle them against the calls the turn made, which
-also teach the learned predictor (calls the server ran and calls handed to the
-client alike)."""
+samples when they arrive, then sent on to the engine writing the turn), start
+the chosen ones on the tool workers through the global tool cache, and settle
+them against the calls the turn made, which also teach the learned predictor
+(calls the server ran and calls handed to the client alike)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,15 @@ logger = logging.getLogger("toolserve.speculation")
 # be generating; past this, a turn's speculation gives up on it.
 _DRAFT_TIMEOUT_S = 60.0
 
+LatePredictions = Callable[[str, list[str]], Awaitable[int]]
+"""Takes a program id and calls predicted after its turn was sent (JSON texts);
+returns how many of its running requests took them."""
+
+
+def call_text(call: PredictedCall) -> str:
+    """A call as its JSON object text (what the model writes inside a call)."""
+    return json.dumps({"name": call.name, "arguments": call.arguments})
+
 
 @dataclass
 class SpeculationTurn:
@@ -57,12 +67,8 @@ class SpeculationTurn:
     task: asyncio.Task[None] | None = None
 
     def issued_call_texts(self) -> list[str]:
-        """The calls issued so far, each as its JSON object text (what the model
-        writes inside a call)."""
-        return [
-            json.dumps({"name": call.name, "arguments": call.arguments})
-            for call in self.issued.values()
-        ]
+        """The calls issued so far, as `call_text`s."""
+        return [call_text(call) for call in self.issued.values()]
 
 
 class Speculator:
@@ -72,13 +78,17 @@ class Speculator:
         executor: ToolExecutor,
         draft: ModelClient | None,
         draft_model: str | None,
+        late_predictions: LatePredictions | None = None,
     ):
+        """`late_predictions`: where the draft model's calls go once issued (the
+        engine writing the turn, to draft from them); None: nowhere."""
         from ray.serve.metrics import Counter
 
         self._config = config
         self._executor = executor
         self._draft = draft if config.draft_predictions > 0 else None
         self._draft_model = draft_model
+        self._late_predictions = late_predictions
         self._predictor = TransitionPredictor(
             min_support=config.learned_min_support, min_confidence=config.learned_min_confidence
         )
@@ -98,6 +108,14 @@ class Speculator:
             "toolserve_speculations_wasted",
             description="Speculations whose call the turn did not make.",
             tag_keys=("source",),
+        )
+        self._sent_late = Counter(
+            "toolserve_draft_calls_sent_to_engine",
+            description=(
+                "Draft-model predictions sent on to the engine writing their turn, by "
+                "outcome: taken (the turn was running), too_late (it had ended), failed."
+            ),
+            tag_keys=("outcome",),
         )
 
     def start(
@@ -153,9 +171,25 @@ class Speculator:
         except Exception as error:
             logger.warning("draft prediction failed: %s: %s", type(error).__name__, error)
             return
-        if reply is not None:
-            drafted = draft_predictions(reply)
-            self._launch(self._policy.choose(drafted, declared), program_id, tenant, turn)
+        if reply is None:
+            return
+        drafted = draft_predictions(reply)
+        issued = self._launch(self._policy.choose(drafted, declared), program_id, tenant, turn)
+        if issued and self._late_predictions is not None:
+            await self._send_late(program_id, issued)
+
+    async def _send_late(self, program_id: str, issued: list[PredictedCall]) -> None:
+        assert self._late_predictions is not None
+        try:
+            taken = await self._late_predictions(program_id, [call_text(call) for call in issued])
+        except Exception as error:
+            logger.warning(
+                "predicted calls not sent to the engine: %s: %s", type(error).__name__, error
+            )
+            outcome = "failed"
+        else:
+            outcome = "taken" if taken else "too_late"
+        self._sent_late.inc(tags={"outcome": outcome})
 
     async def _ask_draft(self, body: dict[str, Any], program_id: str) -> dict[str, Any] | None:
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -173,12 +207,15 @@ class Speculator:
 
     def _launch(
         self, chosen: list[PredictedCall], program_id: str, tenant: str, turn: SpeculationTurn
-    ) -> None:
+    ) -> list[PredictedCall]:
+        """Starts the chosen calls the turn has not issued yet; returns them."""
+        issued = []
         for prediction in chosen:
             identity = call_identity(prediction.name, prediction.arguments)
             if identity in turn.issued:
                 continue
             turn.issued[identity] = prediction
+            issued.append(prediction)
             self._issued.inc(tags={"source": prediction.source})
             run = asyncio.create_task(
                 self._executor.call(
@@ -192,6 +229,7 @@ class Speculator:
             # The run outlives the turn: its result goes to the cache either way.
             self._running.add(run)
             run.add_done_callback(self._running.discard)
+        return issued
 
     def settle(self, turn: SpeculationTurn, actual: list[ObservedCall]) -> None:
         """Learns the transitions the turn's calls made and counts its speculations

@@ -27,6 +27,8 @@ from router.prefix import shared_prefix_key
 logger = logging.getLogger("toolserve.router")
 
 ROUTED_METHOD = "chat"
+# Messages for a program's turn in flight: they go where its last turn went.
+FOLLOWS_PROGRAM_METHODS = frozenset({"add_predicted_calls"})
 _LEDGER_PAUSE_S = 5.0
 # Ray drops a gauge's value from its metrics endpoint about two report intervals
 # (20 s by default) after the last `set`: the router sets it again on this cadence.
@@ -127,11 +129,13 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
         candidate_replicas: list[RunningReplica],
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
-        if (
-            pending_request is None
-            or pending_request.metadata.call_method != ROUTED_METHOD
-            or not candidate_replicas
-        ):
+        if pending_request is None or not candidate_replicas:
+            return [candidate_replicas]
+        if pending_request.metadata.call_method in FOLLOWS_PROGRAM_METHODS:
+            last = self._directory.last_replica(pending_request.metadata.session_id)
+            with_turn = [r for r in candidate_replicas if r.replica_id.unique_id == last]
+            return [with_turn or candidate_replicas]
+        if pending_request.metadata.call_method != ROUTED_METHOD:
             return [candidate_replicas]  # status probes and the like: least loaded
         by_id = {replica.replica_id.unique_id: replica for replica in _serving(candidate_replicas)}
         loads = {replica_id: self._in_flight[replica_id] for replica_id in self._open(by_id)}

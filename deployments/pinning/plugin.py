@@ -1,7 +1,8 @@
 """vLLM general plugin (entry point `vllm.general_plugins`): lets a replica reach
 toolserve's scheduler inside the EngineCore process through vLLM's utility calls
 (`engine_core.call_utility_async("toolserve_pinning_control", operation, arguments)`,
-`call_utility_async("toolserve_prompt_lookup_stats")`, `"toolserve_admission_stats"`)."""
+`call_utility_async("toolserve_prompt_lookup_stats")`, `"toolserve_admission_stats"`,
+`"toolserve_add_predicted_calls"`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 UTILITY_METHOD = "toolserve_pinning_control"
 PROMPT_LOOKUP_STATS_METHOD = "toolserve_prompt_lookup_stats"
 ADMISSION_STATS_METHOD = "toolserve_admission_stats"
+PREDICTED_CALLS_METHOD = "toolserve_add_predicted_calls"
 
 
 class EngineOperation(StrEnum):
@@ -54,6 +56,13 @@ def _admission_stats(engine_core: Any) -> Any:
     )
 
 
+def _add_predicted_calls(engine_core: Any, program_id: str, call_texts: list[str]) -> Any:
+    add = getattr(engine_core.scheduler, "add_predicted_calls", None)
+    if add is None:
+        raise RuntimeError("this engine does not draft from predicted calls")
+    return add(program_id, call_texts)
+
+
 def register() -> None:
     from vllm.v1.engine.core import EngineCore
 
@@ -63,3 +72,5 @@ def register() -> None:
         setattr(EngineCore, PROMPT_LOOKUP_STATS_METHOD, _prompt_lookup_stats)
     if not hasattr(EngineCore, ADMISSION_STATS_METHOD):
         setattr(EngineCore, ADMISSION_STATS_METHOD, _admission_stats)
+    if not hasattr(EngineCore, PREDICTED_CALLS_METHOD):
+        setattr(EngineCore, PREDICTED_CALLS_METHOD, _add_predicted_calls)

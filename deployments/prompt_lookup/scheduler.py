@@ -121,8 +121,17 @@ class PromptLookupGateMixin:
         if not self._draft_predicted_calls or request.sampling_params is None:
             return ()
         texts = (request.sampling_params.extra_args or {}).get(PREDICTED_CALLS_ARG) or []
-        predictions = []
-        for text in texts[:_MOST_PREDICTED_CALLS] if isinstance(texts, list) else []:
+        return self._with_calls((), texts)
+
+    def _with_calls(
+        self, known: tuple[PredictedCallTokens, ...], texts: object
+    ) -> tuple[PredictedCallTokens, ...]:
+        """`known` and the calls among `texts` it lacks, tokenized: at most
+        `_MOST_PREDICTED_CALLS` in all."""
+        predictions = list(known)
+        for text in texts if isinstance(texts, list) else []:
+            if len(predictions) >= _MOST_PREDICTED_CALLS:
+                break
             if not isinstance(text, str) or len(text) > _LONGEST_PREDICTED_CALL_CHARS:
                 continue
             try:
@@ -130,9 +139,30 @@ class PromptLookupGateMixin:
             except (TypeError, ValueError, KeyError):
                 continue
             whole = predicted_call_text(self._call_markers[0], self._call_markers[1], text)
-            tokens = self._tokenizer.encode(whole, add_special_tokens=False)
-            predictions.append(PredictedCallTokens(str(tool), tuple(tokens)))
+            prediction = PredictedCallTokens(
+                str(tool), tuple(self._tokenizer.encode(whole, add_special_tokens=False))
+            )
+            if prediction not in predictions:
+                predictions.append(prediction)
         return tuple(predictions)
+
+    def add_predicted_calls(self, program_id: str, texts: object) -> int:
+        """Calls predicted after the program's turn was sent (the draft model's):
+        drafted from in the program's unfinished requests from their next step on.
+        Returns how many requests took them."""
+        base: Scheduler = self
+        if not self._draft_predicted_calls or not program_id:
+            return 0
+        taken = 0
+        for request in list(base.requests.values()):
+            if request.session_id != program_id or request.is_finished():
+                continue
+            known = self._predictions.get(request.request_id)
+            if known is None:
+                known = self._read_predictions(request)
+            self._predictions[request.request_id] = self._with_calls(known, texts)
+            taken += 1
+        return taken
 
     def _in_call(self, request: Request) -> bool:
         output = request.output_token_ids

@@ -191,3 +191,43 @@ def test_a_learned_call_is_drafted_by_the_engine_while_the_model_writes_it(
     while _predicted_tokens_accepted(cluster) <= accepted_before:
         assert time.monotonic() < deadline, "no drafts from the predicted call were accepted"
         time.sleep(2)
+
+
+def _draft_calls_sent(cluster: Endpoints) -> dict[str, float]:
+    text = httpx.get(cluster.metrics_url, timeout=10).text
+    return {
+        outcome: metric_total(text, "toolserve_draft_calls_sent_to_engine_total", outcome=outcome)
+        for outcome in ("taken", "too_late", "failed")
+    }
+
+
+def test_the_draft_models_call_is_sent_on_to_the_engine_writing_the_turn(
+    client: OpenAI, model_name: str, cluster: Endpoints
+) -> None:
+    """A new agent: nothing learned, so the draft model is asked. Its call arrives
+    after the turn was sent and goes on to the engine, into the program's running
+    request (the call being written, or the answer after the server ran it)."""
+    listed = httpx.get(f"{cluster.api_base}/tools", timeout=30).json()["data"]
+    tools = [tool for tool in listed if tool["function"]["name"] == "calculator"]
+    agent = f"You answer with one calculator call. You are agent {uuid.uuid4().hex[:8]}."
+    messages = [{"role": "system", "content": agent}, *CALCULATOR_FEW_SHOT[1:]]
+    before = _draft_calls_sent(cluster)
+    client.chat.completions.create(
+        model=model_name,
+        messages=messages,  # type: ignore[arg-type]
+        tools=tools,  # type: ignore[arg-type]
+        tool_choice="auto",
+        temperature=0,
+        max_tokens=64,
+        extra_headers={"X-Session-ID": f"draft-sent-{uuid.uuid4().hex[:8]}"},
+    )
+    deadline = time.monotonic() + 90
+    while True:
+        after = _draft_calls_sent(cluster)
+        sent = {outcome: after[outcome] - before[outcome] for outcome in after}
+        if sent["taken"] + sent["too_late"] + sent["failed"] >= 1:
+            break
+        assert time.monotonic() < deadline, "the draft's call was never sent on"
+        time.sleep(2)
+    print(f"the draft's calls sent on to the engine, by outcome: {sent}")
+    assert sent["failed"] == 0, sent

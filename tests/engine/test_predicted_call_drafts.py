@@ -1,7 +1,8 @@
 """Predicted calls as drafts in a real vLLM engine (CPU backend, SmolLM2 with the
 embedded tools template): shown two calculator calls, the model writes a third
 call of its own; with that call predicted, the gated scheduler drafts the call's
-tokens from the prediction, so the same reply costs fewer decode steps."""
+tokens from the prediction, so the same reply costs fewer decode steps, whether
+the prediction came with the request or while it ran (the draft model's)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from cluster.config import CONFIGS_DIR, PromptLookupConfig, load_config
 from cluster.models import EMBEDDED_SCHEME, SMOLLM2, resolve_model
 from cluster.openai_protocol import PREDICTED_CALLS_ARG
 from deployments.engine_setup import create_engine_config
-from deployments.pinning.plugin import PROMPT_LOOKUP_STATS_METHOD
+from deployments.pinning.plugin import PREDICTED_CALLS_METHOD, PROMPT_LOOKUP_STATS_METHOD
 
 from .test_kv_pinning import event_loop_runner
 
@@ -52,12 +53,10 @@ def _call_json(reply: str) -> str:
     return reply.split(opening, 1)[1].split(closing, 1)[0]
 
 
-def test_an_exactly_predicted_call_costs_fewer_decode_steps(
-    event_loop_runner: asyncio.AbstractEventLoop,
-) -> None:
+def _engine_and_prompt() -> tuple[Any, list[int], str]:
+    """SmolLM2's engine settings with prompt lookup on, the few-shot prompt's
+    token ids and its text."""
     from transformers import AutoTokenizer
-    from vllm import SamplingParams
-    from vllm.v1.engine.async_llm import AsyncLLM
 
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     config = load_config()
@@ -76,44 +75,76 @@ def test_an_exactly_predicted_call_costs_fewer_decode_steps(
         add_generation_prompt=True,
         tokenize=False,
     )
-    prompt = tokenizer.encode(rendered, add_special_tokens=False)
+    return vllm_config, tokenizer.encode(rendered, add_special_tokens=False), rendered
 
-    async def scenario() -> list[tuple[str, int, dict[str, Any]]]:
+
+Reply = tuple[str, int, dict[str, Any]]
+"""A reply's text, its token count and the gate's stats for it."""
+
+
+async def _reply(
+    engine: Any, prompt: list[int], predicted: list[str], late: list[str] | None = None
+) -> Reply:
+    """Greedy reply to `prompt`, with `predicted` calls sent with the request and
+    `late` ones sent to the engine once its first token is out."""
+    from vllm import SamplingParams
+
+    program_id = uuid.uuid4().hex
+    final = None
+    async for output in engine.generate(
+        {"prompt_token_ids": prompt},
+        SamplingParams(
+            max_tokens=64,
+            temperature=0,
+            extra_args={PREDICTED_CALLS_ARG: predicted} if predicted else None,
+        ),
+        request_id=uuid.uuid4().hex,
+        session_id=program_id,
+    ):
+        if final is None and late is not None:
+            taken = await engine.engine_core.call_utility_async(
+                PREDICTED_CALLS_METHOD, program_id, late
+            )
+            assert taken == 1, "the running request takes the late prediction"
+        final = output
+    assert final is not None
+    stats = await engine.engine_core.call_utility_async(PROMPT_LOOKUP_STATS_METHOD)
+    return final.outputs[0].text, len(final.outputs[0].token_ids), stats
+
+
+def test_an_exactly_predicted_call_costs_fewer_decode_steps(
+    event_loop_runner: asyncio.AbstractEventLoop,
+) -> None:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    vllm_config, prompt, rendered = _engine_and_prompt()
+
+    async def scenario() -> list[Reply]:
         engine = AsyncLLM.from_vllm_config(vllm_config)
-
-        async def reply(predicted: list[str]) -> tuple[str, int, dict[str, Any]]:
-            final = None
-            async for output in engine.generate(
-                {"prompt_token_ids": prompt},
-                SamplingParams(
-                    max_tokens=64,
-                    temperature=0,
-                    extra_args={PREDICTED_CALLS_ARG: predicted} if predicted else None,
-                ),
-                request_id=uuid.uuid4().hex,
-            ):
-                final = output
-            assert final is not None
-            stats = await engine.engine_core.call_utility_async(PROMPT_LOOKUP_STATS_METHOD)
-            return final.outputs[0].text, len(final.outputs[0].token_ids), stats
-
         try:
-            unpredicted = await reply([])
-            return [unpredicted, await reply([_call_json(unpredicted[0])])]
+            unpredicted = await _reply(engine, prompt, [])
+            call = _call_json(unpredicted[0])
+            return [
+                unpredicted,
+                await _reply(engine, prompt, [call]),
+                await _reply(engine, prompt, [], late=[call]),
+            ]
         finally:
             engine.shutdown()
 
-    (unpredicted_text, unpredicted_tokens, unpredicted), (text, tokens, predicted) = (
-        event_loop_runner.run_until_complete(scenario())
-    )
-    assert text == unpredicted_text
-    assert _call_json(text) not in rendered
+    replies = event_loop_runner.run_until_complete(scenario())
+    (unpredicted_text, unpredicted_tokens, unpredicted) = replies[0]
+    assert _call_json(unpredicted_text) not in rendered
     assert unpredicted["predicted"] == {}, unpredicted
-    steps = _decode_steps(predicted, tokens)
     unpredicted_steps = _decode_steps(unpredicted, unpredicted_tokens)
-    print(
-        f"reply {text!r}: {tokens} tokens in {steps} steps with the call predicted, "
-        f"{unpredicted_steps} without; gate stats {predicted}"
-    )
-    assert predicted["predicted"]["calculator"]["accepted"] > 0, predicted
-    assert steps < unpredicted_steps
+    for how, (text, tokens, predicted) in zip(
+        ("with the request", "late"), replies[1:], strict=True
+    ):
+        steps = _decode_steps(predicted, tokens)
+        print(
+            f"reply {text!r}: {tokens} tokens in {steps} steps with the call predicted "
+            f"{how}, {unpredicted_steps} without; gate stats {predicted}"
+        )
+        assert text == unpredicted_text
+        assert predicted["predicted"]["calculator"]["accepted"] > 0, (how, predicted)
+        assert steps < unpredicted_steps, how
