@@ -176,12 +176,13 @@ class Speculator:
         drafted = draft_predictions(reply)
         issued = self._launch(self._policy.choose(drafted, declared), program_id, tenant, turn)
         if issued and self._late_predictions is not None:
-            await self._send_late(program_id, issued)
+            await self._send_late(self._late_predictions, program_id, issued)
 
-    async def _send_late(self, program_id: str, issued: list[PredictedCall]) -> None:
-        assert self._late_predictions is not None
+    async def _send_late(
+        self, send: LatePredictions, program_id: str, issued: list[PredictedCall]
+    ) -> None:
         try:
-            taken = await self._late_predictions(program_id, [call_text(call) for call in issued])
+            taken = await send(program_id, [call_text(call) for call in issued])
         except Exception as error:
             logger.warning(
                 "predicted calls not sent to the engine: %s: %s", type(error).__name__, error

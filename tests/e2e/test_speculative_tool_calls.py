@@ -31,15 +31,37 @@ PLAN_THEN_WEATHER_CALL = (
 LOOKUP_CHOICE = {"type": "function", "function": {"name": "lookup_record"}}
 
 
-def _lookup_tool(cluster: Endpoints) -> list[dict[str, Any]]:
+def _hosted_tool(cluster: Endpoints, name: str) -> list[dict[str, Any]]:
     listed = httpx.get(f"{cluster.api_base}/tools", timeout=30).json()["data"]
-    return [tool for tool in listed if tool["function"]["name"] == "lookup_record"]
+    return [tool for tool in listed if tool["function"]["name"] == name]
+
+
+def _calculator_turn(
+    client: OpenAI,
+    model_name: str,
+    cluster: Endpoints,
+    messages: list[dict[str, Any]],
+    session: str,
+    **extra: Any,
+) -> Any:
+    """A greedy turn that may call the hosted calculator (`tool_choice: auto`, so
+    the call is hermes text the engine sees)."""
+    return client.chat.completions.create(
+        model=model_name,
+        messages=messages,  # type: ignore[arg-type]
+        tools=_hosted_tool(cluster, "calculator"),  # type: ignore[arg-type]
+        tool_choice="auto",
+        temperature=0,
+        max_tokens=64,
+        extra_headers={"X-Session-ID": session},
+        **extra,
+    )
 
 
 def test_a_correctly_predicted_call_runs_once_and_is_reused(
     client: OpenAI, model_name: str, cluster: Endpoints, lookup_ledger: Path
 ) -> None:
-    tools = _lookup_tool(cluster)
+    tools = _hosted_tool(cluster, "lookup_record")
     agent = [
         {"role": "system", "content": f"You are records agent {uuid.uuid4().hex[:6]}."},
         {"role": "user", "content": "Look up the record INC-2041 and summarize it."},
@@ -166,18 +188,14 @@ def test_a_learned_call_is_drafted_by_the_engine_while_the_model_writes_it(
     auto`, so as hermes text the engine sees). Two turns that hand it back teach
     the learned predictor; the next turn carries the prediction to the engine,
     which drafts the call's tokens from it and has them accepted."""
-    listed = httpx.get(f"{cluster.api_base}/tools", timeout=30).json()["data"]
-    tools = [tool for tool in listed if tool["function"]["name"] == "calculator"]
 
     def turn(execute_tools: bool) -> Any:
-        return client.chat.completions.create(
-            model=model_name,
-            messages=CALCULATOR_FEW_SHOT,  # type: ignore[arg-type]
-            tools=tools,  # type: ignore[arg-type]
-            tool_choice="auto",
-            temperature=0,
-            max_tokens=64,
-            extra_headers={"X-Session-ID": f"drafted-{uuid.uuid4().hex[:8]}"},
+        return _calculator_turn(
+            client,
+            model_name,
+            cluster,
+            CALCULATOR_FEW_SHOT,
+            f"drafted-{uuid.uuid4().hex[:8]}",
             extra_body={"toolserve": {"execute_tools": execute_tools}},
         )
 
@@ -207,20 +225,10 @@ def test_the_draft_models_call_is_sent_on_to_the_engine_writing_the_turn(
     """A new agent: nothing learned, so the draft model is asked. Its call arrives
     after the turn was sent and goes on to the engine, into the program's running
     request (the call being written, or the answer after the server ran it)."""
-    listed = httpx.get(f"{cluster.api_base}/tools", timeout=30).json()["data"]
-    tools = [tool for tool in listed if tool["function"]["name"] == "calculator"]
     agent = f"You answer with one calculator call. You are agent {uuid.uuid4().hex[:8]}."
     messages = [{"role": "system", "content": agent}, *CALCULATOR_FEW_SHOT[1:]]
     before = _draft_calls_sent(cluster)
-    client.chat.completions.create(
-        model=model_name,
-        messages=messages,  # type: ignore[arg-type]
-        tools=tools,  # type: ignore[arg-type]
-        tool_choice="auto",
-        temperature=0,
-        max_tokens=64,
-        extra_headers={"X-Session-ID": f"draft-sent-{uuid.uuid4().hex[:8]}"},
-    )
+    _calculator_turn(client, model_name, cluster, messages, f"draft-sent-{uuid.uuid4().hex[:8]}")
     deadline = time.monotonic() + 90
     while True:
         after = _draft_calls_sent(cluster)
