@@ -5,12 +5,22 @@ from __future__ import annotations
 import socket
 import time
 
+# NOTE: Ray listens on these fixed ports by default (GCS and client server under
+# `ray start`, the dashboard, the autoscaler's and dashboard's metrics, the
+# dashboard agent). The kernel may hand one out before Ray starts; an API port
+# chosen so is then held by Ray's monitor for good, and the ingress never binds.
+RAY_DEFAULT_PORTS = frozenset({6379, 8265, 10001, 44217, 44227, 52365})
+
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing listens on right now and that no
+    Ray process will claim by default."""
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        if port not in RAY_DEFAULT_PORTS:
+            return port
 
 
 def port_is_free(host: str, port: int) -> bool:
