@@ -234,14 +234,21 @@ class Driver:
             "model": self._model,
             "messages": program.messages,
             "max_tokens": request.max_tokens,
-            "temperature": 0.0,
+            "temperature": request.temperature,
             "extra_headers": {"X-Session-ID": session_id},
         }
+        if request.seed is not None:
+            arguments["seed"] = request.seed
         if program.tools:
             arguments["tools"] = program.tools
             arguments["tool_choice"] = request.tool_choice
+        extra_body: dict[str, Any] = {}
         if request.structured_outputs is not None:
-            arguments["extra_body"] = {"structured_outputs": request.structured_outputs}
+            extra_body["structured_outputs"] = request.structured_outputs
+        if request.exact_length:
+            extra_body |= {"min_tokens": request.max_tokens, "ignore_eos": True}
+        if extra_body:
+            arguments["extra_body"] = extra_body
         if request.stream:
             arguments |= {"stream": True, "stream_options": {"include_usage": True}}
             sent = time.monotonic()

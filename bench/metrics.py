@@ -305,6 +305,9 @@ ENGINE_COUNTERS: dict[str, tuple[str, str | None]] = {
     "prompt_tokens_from_cache": ("prompt_tokens_by_source", "local_cache_hit"),
     "generation_tokens": ("generation_tokens", None),
     "preemptions": ("num_preemptions", None),
+    # Speculative decoding (n-gram drafts): tokens proposed and accepted.
+    "draft_tokens": ("spec_decode_num_draft_tokens", None),
+    "accepted_draft_tokens": ("spec_decode_num_accepted_tokens", None),
 }
 
 

@@ -449,14 +449,20 @@ def _work(summary: dict[str, Any]) -> list[str]:
         return []
 
     def cell(work: dict[str, Any], name: str, digits: int = 0) -> str:
-        mean = work[name]["mean"]
+        mean = work.get(name, {}).get("mean")
         return "n/a" if mean is None else f"{mean:,.{digits}f}"
+
+    def acceptance(work: dict[str, Any]) -> str:
+        drafted = work.get("draft_tokens", {}).get("mean")
+        accepted = work.get("accepted_draft_tokens", {}).get("mean")
+        return f"{accepted / drafted:.0%}" if drafted and accepted is not None else "none"
 
     lines = [
         "## Work done (mean per round)",
         "",
         "From the engines' own counters (`vllm:prompt_tokens`, "
-        "`vllm:prompt_tokens_by_source`, `vllm:generation_tokens`, `vllm:num_preemptions`; "
+        "`vllm:prompt_tokens_by_source`, `vllm:generation_tokens`, `vllm:num_preemptions`, "
+        "`vllm:spec_decode_num_draft_tokens` and `_accepted_tokens`; "
         "scraped right before and after each run) and the kernel's CPU time of each "
         "system's whole process tree during the run (engine: vLLM's engine core and worker "
         "processes). The same method for every system; less sensitive to a noisy machine "
@@ -464,15 +470,16 @@ def _work(summary: dict[str, Any]) -> list[str]:
         "preemption, so they are not here.",
         "",
         "| system | prompt tokens | computed | from cache | generated | preemptions "
-        "| CPU s (all) | CPU s (engine) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| drafted tokens | accepted | draft acceptance | CPU s (all) | CPU s (engine) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, work in rows.items():
         lines.append(
             f"| {name} | {cell(work, 'prompt_tokens')} | {cell(work, 'prompt_tokens_computed')} "
             f"| {cell(work, 'prompt_tokens_from_cache')} | {cell(work, 'generation_tokens')} "
-            f"| {cell(work, 'preemptions', 1)} | {cell(work, 'cpu_total_s')} "
-            f"| {cell(work, 'cpu_engine_s')} |"
+            f"| {cell(work, 'preemptions', 1)} | {cell(work, 'draft_tokens')} "
+            f"| {cell(work, 'accepted_draft_tokens')} | {acceptance(work)} "
+            f"| {cell(work, 'cpu_total_s')} | {cell(work, 'cpu_engine_s')} |"
         )
     return [*lines, "", *_front_end(rows)]
 

@@ -287,11 +287,10 @@ def arm_setup(
     system: str, raw_config: dict[str, Any], kv_cache_mib: int, max_model_len: int
 ) -> ArmSetup:
     name, overrides = parse_system(system)
-    raw = with_overrides(raw_config, overrides)
+    spec = system_catalog()[name]
+    raw = with_overrides(spec.configured(raw_config), overrides)
     config = ToolserveConfig.model_validate(raw)
-    return ArmSetup(
-        system_catalog()[name], raw, engine_settings(config, kv_cache_mib * 2**20, max_model_len)
-    )
+    return ArmSetup(spec, raw, engine_settings(config, kv_cache_mib * 2**20, max_model_len))
 
 
 def _run_arm(

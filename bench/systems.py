@@ -1,14 +1,19 @@
 """The serving systems a benchmark compares, each started as its own process tree
 on the same model, KV budget and CPU binding, and stopped before the next one.
 
-- `stock-vllm`: vLLM's own OpenAI server, prefix caching on, default scheduler.
-- `stock-ray-serve-llm`: Ray Serve LLM's `build_openai_app`, default router.
+- `stock-vllm`: vLLM's own OpenAI server with everything toolserve's engine gets
+  that stock vLLM offers: prefix caching and the same n-gram speculative decoding
+  (`main.prompt_lookup`), with its default scheduler. `stock-vllm-plain`: the
+  same server without the drafts.
+- `stock-ray-serve-llm`: Ray Serve LLM's `build_openai_app`, default router, on
+  the same engine arguments as `stock-vllm`.
 - `toolserve`: this project with everything on; `toolserve-no-<mechanism>`
   ablations switch one mechanism off through configuration overrides, and
   `toolserve-fixed-ttl` pins for Continuum's static 2 s instead of the cost
   model's TTL.
 - Every system starts with the same engine settings (`EngineSettings`) and the
-  same process environment (`EngineSettings.process_environment`).
+  same process environment (`EngineSettings.process_environment`); what toolserve's
+  engine runs with beyond them is named in `DELIBERATE_DIFFERENCES`.
 - Speculation variants (`SPECULATION_VARIANTS`): toolserve with its tool
   mechanisms in turn, one of them with the client speculating itself.
 """
@@ -23,7 +28,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -61,6 +66,22 @@ ROUTER_VARIANTS: dict[str, dict[str, Any]] = {
     "toolserve-pow2-router": {"routing.policy": "power_of_two"},
     "toolserve-hash-router": {"routing.policy": "consistent_hash"},
 }
+# Stock arms with a setting of toolserve's engine taken away.
+STOCK_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "stock-vllm-plain": ("stock-vllm", {"main.prompt_lookup.enabled": False}),
+}
+# What toolserve's engine runs with that the stock arms do not, on purpose: the
+# mechanisms under comparison. Every other engine argument and every variable of
+# the engine's environment is the same in both (tests/unit/test_bench_harness.py).
+DELIBERATE_DIFFERENCES: dict[str, str] = {
+    "scheduler_cls": "toolserve's scheduler: KV pinning, program-level FCFS, the "
+    "per-request draft gate and admission (vLLM's own scheduler in the stock arms)",
+    "scheduling_policy": "priority, the order program-level FCFS gives each request "
+    "(its program's arrival); stock vLLM schedules requests first come, first served",
+    "additional_config": "the settings toolserve's scheduler reads",
+    "served_model_name": "toolserve's engine also answers to the draft model's name "
+    "(`draft_placement: main_replicas`)",
+}
 
 
 # toolserve's tool mechanisms one at a time, against the same prompts:
@@ -93,28 +114,31 @@ class EngineSettings:
     max_num_seqs: int
     seed: int
     enforce_eager: bool
-    chat_template: str | None
-    tool_call_parser: str
-    tool_strict_level: str
     cpu_threads_bind: str
+    frontend_args: dict[str, Any]
+    """vLLM's OpenAI front-end arguments (chat template, tool-call parsing)."""
+    extra_engine_args: dict[str, Any] = field(default_factory=dict)
+    """The profile's further engine arguments stock vLLM takes as they are
+    (`main.engine.extra_engine_args`, tensor parallelism, prompt lookup's n-gram
+    drafts), so that any engine argument reaches every arm."""
+    engine_environment: dict[str, str] = field(default_factory=dict)
+    """Environment those arguments need in the engine's processes."""
 
     def vllm_engine_kwargs(self) -> dict[str, Any]:
         """Engine and OpenAI front-end arguments, as vLLM's argument names."""
-        return {
-            "dtype": self.dtype,
-            "max_model_len": self.max_model_len,
-            "block_size": self.block_size,
-            "enable_prefix_caching": True,
-            "enforce_eager": self.enforce_eager,
-            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
-            "max_num_seqs": self.max_num_seqs,
-            "seed": self.seed,
-            "chat_template": self.chat_template,
-            "enable_auto_tool_choice": True,
-            "tool_call_parser": self.tool_call_parser,
-            "tool_strict_level": self.tool_strict_level,
-            "enable_prompt_tokens_details": True,
-        }
+        return (
+            self.extra_engine_args
+            | {
+                "dtype": self.dtype,
+                "max_model_len": self.max_model_len,
+                "block_size": self.block_size,
+                "enforce_eager": self.enforce_eager,
+                "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
+                "max_num_seqs": self.max_num_seqs,
+                "seed": self.seed,
+            }
+            | self.frontend_args
+        )
 
     def process_environment(self) -> dict[str, str]:
         """The environment every system's processes start with, whichever system:
@@ -128,7 +152,7 @@ class EngineSettings:
             # Ray starts workers at niceness 15 unless told: an engine inside Ray
             # would yield the CPU to every other process, vLLM's own server would not.
             "RAY_worker_niceness": "0",
-        }
+        } | self.engine_environment
 
 
 def bound_core_count(binding: str) -> int:
@@ -146,7 +170,9 @@ def bound_core_count(binding: str) -> int:
 def engine_settings(
     config: ToolserveConfig, kv_cache_memory_bytes: int, max_model_len: int
 ) -> EngineSettings:
-    engine, chat = config.main.engine, config.main.chat
+    engine = config.main.engine
+    typed = {setting.name for setting in fields(EngineSettings)} | {"model", "served_model_name"}
+    deployment_args = engine.engine_kwargs("") | config.main.prompt_lookup.engine_kwargs()
     return EngineSettings(
         model_path=str(resolve_model(engine.model, config.cache_dir)),
         served_model_name=engine.served_model_name,
@@ -157,10 +183,12 @@ def engine_settings(
         max_num_seqs=engine.max_num_seqs,
         seed=engine.seed,
         enforce_eager=engine.enforce_eager,
-        chat_template=chat.resolved_chat_template(),
-        tool_call_parser=chat.tool_call_parser,
-        tool_strict_level=chat.tool_strict_level,
+        frontend_args=config.main.chat.frontend_kwargs(),
         cpu_threads_bind=config.main.cpu_threads_bind,
+        extra_engine_args={
+            name: value for name, value in deployment_args.items() if name not in typed
+        },
+        engine_environment=config.main.prompt_lookup.process_environment(),
     )
 
 
@@ -303,12 +331,17 @@ class LaunchPlan:
 
 @dataclass(frozen=True)
 class SystemSpec:
-    """How to start one system; `overrides` apply to toolserve's configuration."""
+    """How to start one system (`kind`: which launcher); `overrides` are this
+    system's configuration values, applied to the profile before the engine
+    settings are read from it (`configured`)."""
 
     name: str
     kind: str
     overrides: dict[str, Any]
     client_speculation: bool = False
+
+    def configured(self, raw_config: dict[str, Any]) -> dict[str, Any]:
+        return with_overrides(raw_config, self.overrides)
 
     def plan(
         self, settings: EngineSettings, base_config: dict[str, Any], workdir: Path, tag: str
@@ -332,7 +365,7 @@ class SystemSpec:
                 "--metrics-port", str(metrics_port),
             ]  # fmt: skip
             return LaunchPlan(command, environment, log_path, endpoint)
-        raw = toolserve_config(settings, base_config, self.overrides, port, metrics_port)
+        raw = toolserve_config(settings, base_config, {}, port, metrics_port)
         config_path = workdir / "logs" / f"{tag}.yaml"
         config_path.write_text(yaml.safe_dump(raw, sort_keys=False))
         command = [sys.executable, "-m", "cluster.launch.cli", "up", "--config", str(config_path)]
@@ -425,6 +458,8 @@ def stock_vllm_command(settings: EngineSettings, port: int) -> list[str]:
             command.append(flag)
         elif value is False:
             command.append("--no-" + flag[2:])
+        elif isinstance(value, dict | list):
+            command += [flag, json.dumps(value)]
         else:
             command += [flag, str(value)]
     return command
@@ -443,6 +478,8 @@ def system_catalog() -> dict[str, SystemSpec]:
         catalog[name] = SystemSpec(name, "toolserve", overrides)
     for name, (overrides, client_speculation) in SPECULATION_VARIANTS.items():
         catalog[name] = SystemSpec(name, "toolserve", overrides, client_speculation)
+    for name, (kind, overrides) in STOCK_VARIANTS.items():
+        catalog[name] = SystemSpec(name, kind, overrides)
     return catalog
 
 

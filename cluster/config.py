@@ -193,6 +193,16 @@ class ChatConfig(_Strict):
         path = Path(self.chat_template)
         return str(path if path.is_absolute() else CONFIGS_DIR / path)
 
+    def frontend_kwargs(self) -> dict[str, Any]:
+        """vLLM's OpenAI front-end arguments for this chat configuration."""
+        return {
+            "chat_template": self.resolved_chat_template(),
+            "enable_auto_tool_choice": True,
+            "tool_call_parser": self.tool_call_parser,
+            "tool_strict_level": self.tool_strict_level,
+            "enable_prompt_tokens_details": True,
+        }
+
 
 class PinningConfig(_Strict):
     """KV pinning between an agent's turns and program-level FCFS (main model)."""
@@ -316,6 +326,35 @@ class PromptLookupConfig(_Strict):
         "speculation predicted (learned predictions known when the turn starts) before "
         "the prompt: a correctly predicted call is verified a window at a time.",
     )
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """AsyncEngineArgs for vLLM's n-gram drafts, as stock vLLM takes them (the
+        per-request gate is toolserve's scheduler, chosen by the replica)."""
+        if not self.enabled:
+            return {}
+        return {
+            # Drafts are gated per request between steps, which vLLM's asynchronous
+            # scheduling (it schedules the next step before drafts exist) rules out.
+            "async_scheduling": False,
+            "speculative_config": {
+                "method": "ngram",
+                "num_speculative_tokens": self.window,
+                "prompt_lookup_min": self.min_match,
+                "prompt_lookup_max": self.max_match,
+            },
+        }
+
+    def process_environment(self) -> dict[str, str]:
+        """Environment an engine's processes need for n-gram drafts."""
+        if not self.enabled:
+            return {}
+        # vLLM's n-gram proposer is a numba `parallel=True` function. Without TBB,
+        # numba's first parallel call starts its OpenMP layer in the worker, which
+        # sets the process's OpenMP thread count to numba's default there (1: the
+        # worker's main thread is pinned to one core), and torch's kernels share
+        # that libgomp: every forward pass after the first draft ran on one thread.
+        # numba's own thread pool leaves OpenMP alone.
+        return {"NUMBA_THREADING_LAYER": "workqueue"}
 
     @model_validator(mode="after")
     def _match_range(self) -> PromptLookupConfig:

@@ -19,6 +19,36 @@ _GATED_SCHEDULERS = "deployments.prompt_lookup.scheduler"
 _ADMISSION_SCHEDULERS = "deployments.admission.scheduler"
 
 
+def engine_arguments(
+    engine_kwargs: dict[str, Any],
+    pinning: EnginePinningSettings | None,
+    prompt_lookup: PromptLookupConfig | None = None,
+    admission: AdmissionConfig | None = None,
+) -> dict[str, Any]:
+    """AsyncEngineArgs of a replica's engine: the deployment's, plus pinning's,
+    prompt lookup's and admission's (the scheduler class is chosen once the
+    engine's configuration exists, the KV offload connector is an object)."""
+    pinning_kwargs = pinning.engine_kwargs() if pinning is not None else {}
+    lookup_kwargs = (
+        prompt_lookup_settings.engine_kwargs(prompt_lookup) if prompt_lookup is not None else {}
+    )
+    admission_kwargs = admission_settings.engine_kwargs(admission) if admission is not None else {}
+    additional_config = (
+        pinning_kwargs.pop("additional_config", {})
+        | lookup_kwargs.pop("additional_config", {})
+        | admission_kwargs.pop("additional_config", {})
+    )
+    arguments = engine_kwargs | pinning_kwargs | lookup_kwargs | admission_kwargs
+    if additional_config:
+        arguments["additional_config"] = additional_config
+    return arguments
+
+
+def engine_environment(prompt_lookup: PromptLookupConfig | None) -> dict[str, str]:
+    """What a replica adds to its engine processes' environment."""
+    return prompt_lookup.process_environment() if prompt_lookup is not None else {}
+
+
 def create_engine_config(
     engine_kwargs: dict[str, Any],
     pinning: EnginePinningSettings | None,
@@ -31,21 +61,8 @@ def create_engine_config(
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
 
-    pinning_kwargs = pinning.engine_kwargs() if pinning is not None else {}
-    lookup_kwargs = (
-        prompt_lookup_settings.engine_kwargs(prompt_lookup) if prompt_lookup is not None else {}
-    )
-    if prompt_lookup is not None:
-        # The engine's processes, started after this, inherit it.
-        os.environ.update(prompt_lookup_settings.process_environment(prompt_lookup))
-    admission_kwargs = admission_settings.engine_kwargs(admission) if admission is not None else {}
-    additional_config = (
-        pinning_kwargs.pop("additional_config", {})
-        | lookup_kwargs.pop("additional_config", {})
-        | admission_kwargs.pop("additional_config", {})
-    )
-    if additional_config:
-        more["additional_config"] = additional_config
+    # The engine's processes, started after this, inherit it.
+    os.environ.update(engine_environment(prompt_lookup))
     transfer_kwargs = (
         kv_offload_settings.kv_transfer_kwargs(kv_offload) if kv_offload is not None else None
     )
@@ -55,7 +72,9 @@ def create_engine_config(
         if current_platform.is_cpu():
             raise ValueError("kv_offload: LMCache does not run on vLLM's CPU backend")
         more["kv_transfer_config"] = KVTransferConfig(**transfer_kwargs)
-    engine_args = AsyncEngineArgs(**engine_kwargs, **pinning_kwargs, **lookup_kwargs, **more)
+    engine_args = AsyncEngineArgs(
+        **engine_arguments(engine_kwargs, pinning, prompt_lookup, admission), **more
+    )
     vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     select_scheduler(vllm_config, pinning, prompt_lookup, admission)
     return engine_args, vllm_config
@@ -72,15 +91,26 @@ def select_scheduler(
     only once the config exists); prompt lookup's gate schedules synchronously.
     Every toolserve scheduler carries admission, which acts only when its
     settings are in the engine's `additional_config`."""
-    pinning_on = pinning is not None and pinning.enabled
-    gated = prompt_lookup is not None and prompt_lookup.enabled
-    admitting = admission is not None and admission.enabled
     scheduler_config = vllm_config.scheduler_config
-    asynchronous = "Async" if scheduler_config.async_scheduling else ""
+    name = scheduler_class(
+        pinning_on=pinning is not None and pinning.enabled,
+        gated=prompt_lookup is not None and prompt_lookup.enabled,
+        admitting=admission is not None and admission.enabled,
+        asynchronous=scheduler_config.async_scheduling,
+    )
+    if name is not None:
+        scheduler_config.scheduler_cls = name
+
+
+def scheduler_class(
+    pinning_on: bool, gated: bool, admitting: bool, asynchronous: bool
+) -> str | None:
+    """The toolserve scheduler that carries what is on; None: vLLM's own."""
+    prefix = "Async" if asynchronous else ""
     if gated:
-        name = "GatedPinningScheduler" if pinning_on else "GatedScheduler"
-        scheduler_config.scheduler_cls = f"{_GATED_SCHEDULERS}.{name}"
-    elif pinning_on:
-        scheduler_config.scheduler_cls = f"{_PINNING_SCHEDULERS}.Pinning{asynchronous}Scheduler"
-    elif admitting:
-        scheduler_config.scheduler_cls = f"{_ADMISSION_SCHEDULERS}.Admission{asynchronous}Scheduler"
+        return f"{_GATED_SCHEDULERS}.{'GatedPinningScheduler' if pinning_on else 'GatedScheduler'}"
+    if pinning_on:
+        return f"{_PINNING_SCHEDULERS}.Pinning{prefix}Scheduler"
+    if admitting:
+        return f"{_ADMISSION_SCHEDULERS}.Admission{prefix}Scheduler"
+    return None

@@ -177,13 +177,7 @@ class ModelServer:
         self._engine = engine
         chat = self._deployment.chat
         install_prompt_preparation(engine.renderer, chat.tokenize_cache)
-        frontend = FrontendArgs(
-            chat_template=chat.resolved_chat_template(),
-            enable_auto_tool_choice=True,
-            tool_call_parser=chat.tool_call_parser,
-            tool_strict_level=chat.tool_strict_level,
-            enable_prompt_tokens_details=True,
-        )
+        frontend = FrontendArgs(**chat.frontend_kwargs())
         app_state = State()
         await init_app_state(
             engine,

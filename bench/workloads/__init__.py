@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -25,6 +26,7 @@ from bench.workloads.conveyor import TOOL_OF_TASK as CONVEYOR_TOOL_OF_TASK
 from bench.workloads.distributions import Distribution
 from bench.workloads.hot_path import HotPathConfig
 from bench.workloads.program import AgentProgram
+from bench.workloads.replay import ReplayConfig, generate_replay, vocabulary_text
 from bench.workloads.speculation import (
     RecordsTaskConfig,
     generate_speculation,
@@ -329,18 +331,69 @@ def _repeated_prompt(size: Size) -> WorkloadPlan:
     )
 
 
-def _embedded_token_count() -> Callable[[str], int]:
-    """Tokens of a text for the embedded default's model."""
+@functools.cache
+def _embedded_tokenizer() -> Any:
     from transformers import AutoTokenizer
 
     from cluster.config import load_config
     from cluster.models import resolve_model
 
     config = load_config()
-    tokenizer = AutoTokenizer.from_pretrained(
-        resolve_model(config.main.engine.model, config.cache_dir)
-    )
+    return AutoTokenizer.from_pretrained(resolve_model(config.main.engine.model, config.cache_dir))
+
+
+def _embedded_token_count() -> Callable[[str], int]:
+    """Tokens of a text for the embedded default's model."""
+    tokenizer = _embedded_tokenizer()
     return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+
+
+@functools.cache
+def _embedded_vocabulary_words(count: int = 4000) -> tuple[str, ...]:
+    """Lower-case words the embedded model's tokenizer reads as one token after a
+    space, most frequent merges first."""
+    tokenizer = _embedded_tokenizer()
+    words = []
+    for token, token_id in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1]):
+        word = tokenizer.convert_tokens_to_string([token])
+        stripped = word[1:]
+        candidate = word.startswith(" ") and len(stripped) >= 3
+        candidate = candidate and stripped.isascii() and stripped.isalpha() and stripped.islower()
+        if candidate and tokenizer.encode(word, add_special_tokens=False) == [token_id]:
+            words.append(stripped)
+        if len(words) == count:
+            break
+    return tuple(words)
+
+
+def _trace_replay(size: Size) -> WorkloadPlan:
+    if size == "quick":
+        config = ReplayConfig(programs=6, arrival_rate_per_s=0.5, max_context=3072)
+        kv_cache_mib, max_model_len = 256, 4096
+    else:
+        # The chat template's markup comes on top of the content's tokens.
+        config = ReplayConfig(programs=16, arrival_rate_per_s=0.2, max_context=7680)
+        kv_cache_mib, max_model_len = 1024, 8192
+    return WorkloadPlan(
+        name="trace-replay",
+        size=size,
+        description=(
+            f"{config.programs} agent programs replayed by token counts, Poisson arrivals "
+            f"at {config.arrival_rate_per_s}/s, contexts up to {config.max_context} tokens: "
+            "each turn appends a drawn number of tokens and decodes exactly a drawn number "
+            "(min_tokens = max_tokens, ignore_eos; temperature "
+            f"{config.temperature}, a seed per turn), tool pauses between turns. Coding "
+            "agents and tool assistants with Continuum's SWE-bench and BFCL v4 turn and "
+            "pause statistics (arXiv 2511.02230, Table 1), coding contexts growing toward "
+            "the model's limit (vLLM's AgentX write-up, Mooncake's SWE-bench traces); "
+            "sources and token counts in bench/workloads/replay.py"
+        ),
+        build=lambda seed: generate_replay(
+            config, seed, vocabulary_text(_embedded_vocabulary_words())
+        ),
+        kv_cache_mib=kv_cache_mib,
+        max_model_len=max_model_len,
+    )
 
 
 def _conveyor(size: Size) -> WorkloadPlan:
@@ -381,6 +434,7 @@ def _conveyor(size: Size) -> WorkloadPlan:
 
 WORKLOADS: dict[str, Callable[[Size], WorkloadPlan]] = {
     "many-agent": _many_agent,
+    "trace-replay": _trace_replay,
     "bugfix-6": lambda size: _workflow("bugfix-6", size),
     "coding-35": lambda size: _workflow("coding-35", size),
     "bfcl": _bfcl,

@@ -35,6 +35,11 @@ class TurnRequest:
     stream: bool = False
     """Ask for the reply as a stream (a server acts on streamed calls as they are
     written: partial tool execution)."""
+    exact_length: bool = False
+    """Decode exactly `max_tokens` (vLLM's `min_tokens` and `ignore_eos`)."""
+    temperature: float = 0.0
+    seed: int | None = None
+    """Sampling seed of this request (None: the server's)."""
 
     @property
     def expects_tool_call(self) -> bool:

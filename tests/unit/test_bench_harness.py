@@ -3,11 +3,13 @@ vLLM's counters, CPU seconds and provenance."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -19,12 +21,15 @@ from bench.runner import arm_setup, comparison_pairs, parse_system
 from bench.systems import (
     ABLATIONS,
     BASELINE_SYSTEMS,
+    DELIBERATE_DIFFERENCES,
     bound_core_count,
     engine_settings,
     system_catalog,
     toolserve_config,
 )
 from cluster.config import DEFAULT_CONFIG_PATH, ToolserveConfig, load_config
+from deployments.engine_setup import engine_arguments, engine_environment, scheduler_class
+from deployments.pinning.settings import EnginePinningSettings
 
 
 def _settings():  # type: ignore[no-untyped-def]
@@ -33,37 +38,123 @@ def _settings():  # type: ignore[no-untyped-def]
 
 
 def test_every_baseline_starts_with_the_same_process_environment(tmp_path: Path) -> None:
-    settings = _settings()
-    base = load_config(DEFAULT_CONFIG_PATH).model_dump(mode="json")
-    plans = {
-        name: system_catalog()[name].plan(settings, base, tmp_path, name)
-        for name in BASELINE_SYSTEMS
-    }
-    environments = {name: plan.environment for name, plan in plans.items()}
+    raw = load_config(DEFAULT_CONFIG_PATH).model_dump(mode="json")
+    environments = {}
+    for name in BASELINE_SYSTEMS:
+        arm = arm_setup(name, raw, 256, 4096)
+        environments[name] = arm.spec.plan(arm.settings, arm.raw_config, tmp_path, name).environment
     assert len({tuple(sorted(env.items())) for env in environments.values()}) == 1
     environment = environments["stock-vllm"]
+    settings = _settings()
     assert environment["RAY_worker_niceness"] == "0"
     assert environment["VLLM_CPU_OMP_THREADS_BIND"] == settings.cpu_threads_bind
     assert environment["OMP_NUM_THREADS"] == str(bound_core_count(settings.cpu_threads_bind))
+    assert environment["NUMBA_THREADING_LAYER"] == "workqueue"
 
 
-def test_toolserve_engine_gets_the_settings_the_stock_servers_get(tmp_path: Path) -> None:
-    settings = _settings()
-    base = load_config(DEFAULT_CONFIG_PATH).model_dump(mode="json")
-    raw = toolserve_config(settings, base, {}, 8000, 8080)
-    config = ToolserveConfig.model_validate(raw)
-    toolserve_engine = config.main.engine.engine_kwargs(settings.model_path)
-    stock_engine = settings.vllm_engine_kwargs()
-    for name in ("dtype", "max_model_len", "block_size", "enable_prefix_caching",
-                 "enforce_eager", "kv_cache_memory_bytes", "max_num_seqs", "seed"):  # fmt: skip
-        assert toolserve_engine[name] == stock_engine[name], name
-    assert toolserve_engine["model"] == settings.model_path
-    chat = config.main.chat
-    assert chat.resolved_chat_template() == stock_engine["chat_template"]
-    assert chat.tool_call_parser == stock_engine["tool_call_parser"]
-    assert chat.tool_strict_level == stock_engine["tool_strict_level"]
-    assert config.main.cpu_binding(0) == settings.cpu_threads_bind
-    assert config.redis.url.endswith("/9"), "arms keep to the bench's Redis database"
+def _stock_server_arguments(command: list[str]) -> dict[str, Any]:
+    """vLLM's engine and front-end arguments as its server reads them off a command."""
+    flags = command[command.index("vllm.entrypoints.openai.api_server") + 1 :]
+    arguments: dict[str, Any] = {}
+    index = 0
+    while index < len(flags):
+        name = flags[index].removeprefix("--").replace("-", "_")
+        has_value = index + 1 < len(flags) and not flags[index + 1].startswith("--")
+        if has_value:
+            value = flags[index + 1]
+            arguments[name] = json.loads(value) if value.startswith("{") else value
+            index += 2
+        elif name.startswith("no_"):
+            arguments[name.removeprefix("no_")] = False
+            index += 1
+        else:
+            arguments[name] = True
+            index += 1
+    for name in ("host", "port"):
+        arguments.pop(name)
+    return arguments
+
+
+def _toolserve_engine(tmp_path: Path, system: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The arguments and environment toolserve's main engine starts with, assembled
+    by the functions its replica uses."""
+    raw = load_config(DEFAULT_CONFIG_PATH).model_dump(mode="json")
+    arm = arm_setup(system, raw, 256, 4096)
+    plan = arm.spec.plan(arm.settings, arm.raw_config, tmp_path, system)
+    assert plan.toolserve_config is not None
+    config = ToolserveConfig.model_validate(plan.toolserve_config)
+    main = config.main
+    pinning = EnginePinningSettings(**main.pinning.model_dump(), replica_id="main-0")
+    served_names = config.names_served_by_main
+    engine_kwargs = main.engine.engine_kwargs(arm.settings.model_path, served_names)
+    arguments = engine_arguments(engine_kwargs, pinning, main.prompt_lookup, main.admission)
+    arguments |= main.chat.frontend_kwargs()
+    scheduler = scheduler_class(
+        pinning_on=main.pinning.enabled,
+        gated=main.prompt_lookup.enabled,
+        admitting=main.admission.enabled,
+        asynchronous=False,
+    )
+    if scheduler is not None:
+        arguments["scheduler_cls"] = scheduler
+    environment = (
+        plan.environment
+        | engine_environment(main.prompt_lookup)
+        | {"VLLM_CPU_OMP_THREADS_BIND": main.cpu_binding(0)}
+    )
+    return arguments, environment
+
+
+def _stock_engine(tmp_path: Path, system: str) -> tuple[dict[str, Any], dict[str, str]]:
+    raw = load_config(DEFAULT_CONFIG_PATH).model_dump(mode="json")
+    arm = arm_setup(system, raw, 256, 4096)
+    plan = arm.spec.plan(arm.settings, arm.raw_config, tmp_path, system)
+    return _stock_server_arguments(plan.command), plan.environment
+
+
+def _differing(first: dict[str, Any], second: dict[str, Any]) -> set[str]:
+    def comparable(value: Any) -> Any:
+        return value if isinstance(value, bool | dict | list | type(None)) else str(value)
+
+    return {
+        name
+        for name in first.keys() | second.keys()
+        if comparable(first.get(name)) != comparable(second.get(name))
+    }
+
+
+def test_toolserve_engine_and_stock_vllm_differ_only_where_named(tmp_path: Path) -> None:
+    toolserve_arguments, toolserve_environment = _toolserve_engine(tmp_path, "toolserve")
+    stock_arguments, stock_environment = _stock_engine(tmp_path, "stock-vllm")
+    assert _differing(toolserve_arguments, stock_arguments) == set(DELIBERATE_DIFFERENCES)
+    assert stock_arguments["speculative_config"] == {
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 5,
+    }
+    assert stock_environment == toolserve_environment
+    assert "scheduling_policy" not in stock_arguments
+    assert toolserve_arguments["scheduling_policy"] == "priority"
+
+
+def test_the_plain_stock_arm_differs_from_the_strong_one_by_the_drafts(tmp_path: Path) -> None:
+    strong_arguments, strong_environment = _stock_engine(tmp_path, "stock-vllm")
+    plain_arguments, plain_environment = _stock_engine(tmp_path, "stock-vllm-plain")
+    assert _differing(strong_arguments, plain_arguments) == {
+        "speculative_config",
+        "async_scheduling",
+    }
+    assert strong_environment.keys() - plain_environment.keys() == {"NUMBA_THREADING_LAYER"}
+
+
+def test_any_engine_argument_reaches_both_arms(tmp_path: Path) -> None:
+    setting = "@main.engine.extra_engine_args.long_prefill_token_threshold=512"
+    toolserve_arguments, _ = _toolserve_engine(tmp_path, "toolserve" + setting)
+    stock_arguments, _ = _stock_engine(tmp_path, "stock-vllm" + setting)
+    assert toolserve_arguments["long_prefill_token_threshold"] == 512
+    assert stock_arguments["long_prefill_token_threshold"] == "512"
+    assert _differing(toolserve_arguments, stock_arguments) == set(DELIBERATE_DIFFERENCES)
 
 
 def test_each_ablation_turns_off_one_mechanism_and_keeps_the_other() -> None:
@@ -126,6 +217,12 @@ vllm:num_preemptions_total{engine="0",model_name="m"} 1.0
 """
 STOCK_AFTER = STOCK_BEFORE.replace("100.0", "1100.0").replace("60.0", "460.0")
 STOCK_AFTER = STOCK_AFTER.replace("40.0", "640.0").replace("10.0", "210.0").replace(" 1.0", " 4.0")
+STOCK_AFTER += """\
+# TYPE vllm:spec_decode_num_draft_tokens counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 80.0
+# TYPE vllm:spec_decode_num_accepted_tokens counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 30.0
+"""
 # Ray's agent: one series per replica, and per-request histograms whose names must
 # not be mistaken for the counters.
 RAY_AFTER = """\
@@ -147,6 +244,8 @@ def test_engine_work_is_the_difference_of_vllms_counters() -> None:
         "prompt_tokens_from_cache": 600.0,
         "generation_tokens": 200.0,
         "preemptions": 3.0,
+        "draft_tokens": 80.0,
+        "accepted_draft_tokens": 30.0,
     }
 
 

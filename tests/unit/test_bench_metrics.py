@@ -95,10 +95,18 @@ def _settings() -> EngineSettings:
         max_num_seqs=32,
         seed=0,
         enforce_eager=True,
-        chat_template="/t.jinja",
-        tool_call_parser="hermes",
-        tool_strict_level="parameter",
         cpu_threads_bind="0-1",
+        frontend_args={
+            "chat_template": "/t.jinja",
+            "enable_auto_tool_choice": True,
+            "tool_call_parser": "hermes",
+            "tool_strict_level": "parameter",
+            "enable_prompt_tokens_details": True,
+        },
+        extra_engine_args={
+            "enable_prefix_caching": True,
+            "speculative_config": {"method": "ngram", "num_speculative_tokens": 4},
+        },
     )
 
 
@@ -271,6 +279,7 @@ def test_stock_vllm_gets_the_same_engine_and_tool_settings() -> None:
         "--tool-strict-level parameter",
         "--chat-template /t.jinja",
         "--port 8123",
+        '--speculative-config {"method": "ngram", "num_speculative_tokens": 4}',
     ):
         assert expected in joined
     for flag in (
@@ -413,7 +422,7 @@ def test_summary_report_and_plots(tmp_path: Path) -> None:
     assert "contexts summed to 110 tokens (1.1x the capacity)" in report
     assert "toolserve bench --quick --name 'a b'" in report
     assert "commit `0123abc` (clean tree)" in report
-    assert "| toolserve | 1,000 | 400 | n/a | n/a | 2.0 | 50 | 40 |" in report
+    assert "| toolserve | 1,000 | 400 | n/a | n/a | 2.0 | n/a | n/a | none | 50 | 40 |" in report
 
     programs = runs["stock-vllm"].programs + runs["toolserve"].programs
     requests = runs["stock-vllm"].requests + runs["toolserve"].requests

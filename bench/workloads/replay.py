@@ -1,0 +1,219 @@
+"""Trace replay: agent programs whose turns are given as token counts, not content.
+
+Each turn appends a given number of tokens to the conversation (the tool output
+or user text the agent got since its last turn) and decodes exactly a given
+number of tokens (`min_tokens` = `max_tokens`, `ignore_eos`), and turns are
+separated by tool pauses. What the model happens to write can neither shorten
+nor lengthen the work, so every system does the same prefill and decode; the
+sampled text (temperature 0.7, a seed per turn) does not repeat itself, so n-gram
+drafts are accepted at the rate unrepetitive text gives them.
+
+Shapes, per agent kind (sources):
+- `coding`: a SWE-bench-style coding agent. Turns 10.9 ± 2.1 and tool pauses
+  925 ± 3550 ms (lognormal) from Continuum's SWE-bench trace statistics (Li et
+  al., arXiv 2511.02230, Table 1). Contexts grow by file reads and test logs
+  toward the model's limit, as in the coding-agent traces of vLLM's AgentX
+  write-up (2026-09: median 43 turns and 142k input tokens per session, over 96%
+  prefix hits) and Mooncake's SWE-bench traces; scaled here to an 8k-token model:
+  a turn adds 350 ± 400 tokens (lognormal) and writes 90 ± 60.
+- `assistant`: a BFCL v4-style tool assistant. Turns 6.3 ± 2.3 and tool pauses
+  1923 ± 2133 ms from the same table; short tool results (120 ± 80 tokens) and
+  calls or answers of 40 ± 25 tokens.
+A program ends at its drawn turn count or before a turn would pass `max_context`
+tokens. Not reproduced: the content of real tools and calls (word lists of the
+model's vocabulary stand in), sub-agents and parallel calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bench.workloads.distributions import Distribution, poisson_arrivals
+from bench.workloads.program import (
+    AgentProgram,
+    Reply,
+    ToolCall,
+    ToolOutcome,
+    ToolRound,
+    TurnRequest,
+)
+
+TokenText = Callable[[random.Random, int], str]
+"""Text of about the given number of tokens, drawn with the given generator."""
+
+
+class ReplayProfile(BaseModel):
+    """One kind of agent in the replayed mix, by its turns' token counts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Agent kind, reported per kind.")
+    share: float = Field(gt=0, description="Relative share of programs of this kind.")
+    turns: Distribution = Field(description="Model turns per program (rounded).")
+    first_prompt_tokens: int = Field(
+        gt=0, description="Tokens of the first prompt (system prompt, tool docs, task)."
+    )
+    appended_tokens: Distribution = Field(
+        description="Tokens each later turn adds (tool output, user text)."
+    )
+    output_tokens: Distribution = Field(description="Tokens each turn decodes, exactly.")
+    tool_pause_s: Distribution = Field(description="Seconds between a turn and the next.")
+
+
+CODING_PROFILE = ReplayProfile(
+    name="coding",
+    share=1.0,
+    turns=Distribution(kind="normal", mean=10.9, sd=2.1, low=2),
+    first_prompt_tokens=1500,
+    appended_tokens=Distribution(kind="lognormal", mean=350, sd=400, low=16, high=2500),
+    output_tokens=Distribution(kind="lognormal", mean=90, sd=60, low=16, high=400),
+    tool_pause_s=Distribution(kind="lognormal", mean=0.925, sd=3.55),
+)
+ASSISTANT_PROFILE = ReplayProfile(
+    name="assistant",
+    share=1.0,
+    turns=Distribution(kind="normal", mean=6.3, sd=2.3, low=2),
+    first_prompt_tokens=900,
+    appended_tokens=Distribution(kind="lognormal", mean=120, sd=80, low=16, high=800),
+    output_tokens=Distribution(kind="lognormal", mean=40, sd=25, low=8, high=200),
+    tool_pause_s=Distribution(kind="lognormal", mean=1.923, sd=2.133),
+)
+
+
+class ReplayConfig(BaseModel):
+    """Shape of a replayed trace."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    programs: int = Field(gt=0, description="Number of agent programs.")
+    arrival_rate_per_s: float = Field(
+        ge=0, description="Poisson rate of program arrivals; 0 starts all at once."
+    )
+    max_context: int = Field(
+        gt=0, description="A program ends before a turn's prompt and output would pass this."
+    )
+    profiles: tuple[ReplayProfile, ...] = Field(
+        default=(CODING_PROFILE, ASSISTANT_PROFILE), description="The agent mix."
+    )
+    temperature: float = Field(default=0.7, ge=0, description="Sampling temperature.")
+
+
+@dataclass(frozen=True)
+class TurnShape:
+    """One turn: the text appended before it (empty for the first), the tokens it
+    decodes, and the pause after it."""
+
+    appended_text: str
+    output_tokens: int
+    pause_s: float
+
+
+@dataclass
+class ReplayProgram(AgentProgram):
+    shapes: list[TurnShape] = field(default_factory=list)
+    temperature: float = 0.7
+    seed: int = 0
+
+    def next_request(self) -> TurnRequest | None:
+        if self.turns_sent >= len(self.shapes):
+            return None
+        shape = self.shapes[self.turns_sent]
+        if shape.appended_text:
+            self.messages.append({"role": "user", "content": shape.appended_text})
+        self.turns_sent += 1
+        return TurnRequest(
+            tool_choice="none",
+            max_tokens=shape.output_tokens,
+            exact_length=True,
+            temperature=self.temperature,
+            seed=random.Random(f"{self.seed}:{self.program_id}:{self.turns_sent}").getrandbits(31),
+        )
+
+    def execute(self, call: ToolCall) -> ToolOutcome:
+        raise NotImplementedError("a replayed program declares no tools")
+
+    def simulated_latency_s(self, turn_index: int) -> float:
+        return self.shapes[turn_index].pause_s
+
+    async def act(
+        self, request: TurnRequest, reply: Reply, ready: dict[str, ToolOutcome] | None = None
+    ) -> ToolRound:
+        """Record the reply, then wait out the tool pause (none after the last turn)."""
+        self.messages.append(reply.assistant_message())
+        if self.turns_sent >= len(self.shapes):
+            return ToolRound(latency_s=0.0, calls=0, unusable_calls=0)
+        started = time.monotonic()
+        await asyncio.sleep(self.simulated_latency_s(self.turns_sent - 1))
+        return ToolRound(latency_s=time.monotonic() - started, calls=1, unusable_calls=0)
+
+
+def program_shapes(
+    profile: ReplayProfile, max_context: int, rng: random.Random, text: TokenText
+) -> tuple[str, list[TurnShape]]:
+    """The first prompt's text and the program's turns, stopped before the context
+    would pass `max_context` (every program keeps at least one turn)."""
+    turns = max(1, profile.turns.sample_int(rng))
+    context = profile.first_prompt_tokens
+    shapes: list[TurnShape] = []
+    for index in range(turns):
+        appended = 0 if index == 0 else max(1, profile.appended_tokens.sample_int(rng))
+        output = max(1, profile.output_tokens.sample_int(rng))
+        pause = profile.tool_pause_s.sample(rng)
+        if shapes and context + appended + output > max_context:
+            break
+        context += appended + output
+        shapes.append(TurnShape(text(rng, appended) if appended else "", output, pause))
+    return text(rng, profile.first_prompt_tokens), shapes
+
+
+def generate_replay(config: ReplayConfig, seed: int, text: TokenText) -> list[ReplayProgram]:
+    """The same seed, config and text source always give the same programs."""
+    rng = random.Random(seed)
+    arrivals = poisson_arrivals(config.programs, config.arrival_rate_per_s, rng)
+    weights = [profile.share for profile in config.profiles]
+    programs = []
+    for index, arrival in enumerate(arrivals):
+        profile = rng.choices(config.profiles, weights=weights)[0]
+        first_prompt, shapes = program_shapes(profile, config.max_context, rng, text)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": first_prompt}]
+        programs.append(
+            ReplayProgram(
+                program_id=f"replay-{seed}-{index:04d}",
+                agent_type=profile.name,
+                arrival_s=arrival,
+                tools=[],
+                messages=messages,
+                shapes=shapes,
+                temperature=config.temperature,
+                seed=seed,
+            )
+        )
+    return programs
+
+
+def vocabulary_text(words: Sequence[str]) -> TokenText:
+    """Text drawn from `words`, each of which the model's tokenizer reads as one
+    token when it follows a space: `count` tokens, give or take the tokenizer's
+    merges across a line break."""
+
+    def text(rng: random.Random, count: int) -> str:
+        parts = []
+        left = count
+        while left > 0:
+            # A line: up to 11 words, then its line break: 12 tokens.
+            drawn = rng.choices(words, k=min(11, left))
+            parts += [" " + word for word in drawn]
+            left -= len(drawn)
+            if left > 0:
+                parts.append("\n")
+                left -= 1
+        return "".join(parts)
+
+    return text

@@ -1,0 +1,143 @@
+"""The trace-replay workload: turns by token counts, exact decode lengths, the
+published shapes, and contexts within the model's limit."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+from typing import Any
+
+import pytest
+
+from bench.workloads import SIZES, plan_workload
+from bench.workloads.distributions import Distribution
+from bench.workloads.program import Reply
+from bench.workloads.replay import (
+    ASSISTANT_PROFILE,
+    CODING_PROFILE,
+    ReplayConfig,
+    generate_replay,
+    vocabulary_text,
+)
+
+WORDS = [f"w{index}" for index in range(50)]
+
+
+def _tokens(text: str) -> int:
+    """Tokens of `vocabulary_text(WORDS)` output: a word each, a break each."""
+    return len(text.split()) + text.count("\n")
+
+
+def _reply(tokens: int) -> Reply:
+    return Reply(" x" * tokens, (), "length", 0, 0, tokens)
+
+
+@pytest.mark.parametrize("count", [1, 11, 12, 13, 100, 1500])
+def test_vocabulary_text_has_the_asked_number_of_tokens(count: int) -> None:
+    text = vocabulary_text(WORDS)(random.Random(count), count)
+    assert _tokens(text) == count
+
+
+def test_replay_is_deterministic_and_programs_differ() -> None:
+    config = ReplayConfig(programs=8, arrival_rate_per_s=0.5, max_context=8192)
+    first = generate_replay(config, 3, vocabulary_text(WORDS))
+    again = generate_replay(config, 3, vocabulary_text(WORDS))
+    assert [(p.program_id, p.messages, p.shapes) for p in first] == [
+        (p.program_id, p.messages, p.shapes) for p in again
+    ]
+    assert len({p.messages[0]["content"] for p in first}) == len(first)
+    assert {p.agent_type for p in first} == {"coding", "assistant"}
+
+
+def test_no_program_outgrows_the_context_limit() -> None:
+    config = ReplayConfig(programs=200, arrival_rate_per_s=1.0, max_context=3072)
+    for program in generate_replay(config, 0, vocabulary_text(WORDS)):
+        first = _tokens(program.messages[0]["content"])
+        grown = sum(_tokens(shape.appended_text) + shape.output_tokens for shape in program.shapes)
+        # A break may merge with its line's last word: at most one token per line.
+        assert first + grown <= config.max_context + sum(
+            shape.appended_text.count("\n") + 1 for shape in program.shapes
+        )
+        assert program.shapes and program.shapes[0].appended_text == ""
+
+
+def test_shapes_keep_the_published_turn_counts_when_the_context_allows() -> None:
+    for profile, mean in ((CODING_PROFILE, 10.9), (ASSISTANT_PROFILE, 6.3)):
+        config = ReplayConfig(
+            programs=400, arrival_rate_per_s=1.0, max_context=10**6, profiles=(profile,)
+        )
+        turns = [len(p.shapes) for p in generate_replay(config, 1, vocabulary_text(WORDS))]
+        assert abs(statistics.mean(turns) - mean) < 0.4, profile.name
+
+
+def test_a_replayed_turn_asks_for_exactly_its_tokens_then_pauses() -> None:
+    pause = Distribution(kind="constant", mean=0.05)
+    profile = CODING_PROFILE.model_copy(
+        update={"tool_pause_s": pause, "turns": Distribution(kind="constant", mean=3)}
+    )
+    config = ReplayConfig(programs=1, arrival_rate_per_s=0, max_context=10**6, profiles=(profile,))
+    (program,) = generate_replay(config, 0, vocabulary_text(WORDS))
+    seeds = []
+    for index, shape in enumerate(program.shapes):
+        request = program.next_request()
+        assert request is not None
+        assert request.exact_length and request.max_tokens == shape.output_tokens
+        assert not program.tools and not request.expects_tool_call
+        assert request.temperature == config.temperature
+        seeds.append(request.seed)
+        if index:
+            assert program.messages[-1] == {"role": "user", "content": shape.appended_text}
+        started = time.monotonic()
+        tool_round = asyncio.run(program.act(request, _reply(shape.output_tokens)))
+        last = index == len(program.shapes) - 1
+        assert (tool_round.latency_s == 0.0) == last
+        assert last or time.monotonic() - started >= 0.05
+        assert program.messages[-1]["role"] == "assistant"
+    assert program.next_request() is None
+    assert len(set(seeds)) == len(seeds)
+
+
+@pytest.fixture(scope="module")
+def smollm2_chat() -> tuple[Any, str]:
+    from transformers import AutoTokenizer
+
+    from cluster.config import load_config
+    from cluster.models import resolve_model
+
+    config = load_config()
+    tokenizer = AutoTokenizer.from_pretrained(
+        resolve_model(config.main.engine.model, config.cache_dir)
+    )
+    template_path = config.main.chat.resolved_chat_template()
+    assert template_path is not None
+    with open(template_path) as template_file:
+        return tokenizer, template_file.read()
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_replayed_conversations_fit_the_model_and_reach_toward_its_limit(
+    size: str, smollm2_chat: tuple[Any, str]
+) -> None:
+    """Played to the end in the real template and tokenizer, with replies of the
+    drawn lengths: every request fits max_model_len, and the longest programs come
+    near the workload's context limit."""
+    tokenizer, template = smollm2_chat
+    plan = plan_workload("trace-replay", size)  # type: ignore[arg-type]
+    longest = 0
+    rng = random.Random(0)
+    for program in plan.build(0):
+        program.shapes = [
+            type(shape)(shape.appended_text, shape.output_tokens, 0.0) for shape in program.shapes
+        ]
+        while (request := program.next_request()) is not None:
+            rendered = tokenizer.apply_chat_template(
+                program.messages, chat_template=template, tokenize=False, add_generation_prompt=True
+            )
+            length = len(tokenizer(rendered)["input_ids"]) + request.max_tokens
+            assert length <= plan.max_model_len
+            longest = max(longest, length)
+            reply = tokenizer.decode(rng.choices(range(1000, 20000), k=request.max_tokens))
+            asyncio.run(program.act(request, Reply(reply, (), "length", 0, 0, request.max_tokens)))
+    assert longest > 0.7 * plan.max_model_len
