@@ -66,6 +66,54 @@ ROUTER_VARIANTS: dict[str, dict[str, Any]] = {
     "toolserve-pow2-router": {"routing.policy": "power_of_two"},
     "toolserve-hash-router": {"routing.policy": "consistent_hash"},
 }
+# Which mechanism buys what: toolserve with everything off, then one mechanism
+# added per rung, each rung's overrides applied on top of the one before; the
+# shipped `toolserve` is the last rung plus its caches (response, tokenize), and
+# `toolserve-admission` adds the cell-budget admission it does not ship with.
+LADDER_STEPS: tuple[tuple[str, dict[str, Any]], ...] = (
+    (
+        # The house alone: vLLM's n-gram drafts as stock runs them (every request,
+        # the whole window), nothing else of toolserve's.
+        "toolserve-bare",
+        {
+            "main.pinning.mode": "off",
+            "main.pinning.program_fcfs": False,
+            "main.prompt_lookup.prose_floor": 4,
+            "main.prompt_lookup.max_decoders": 1024,
+            "main.prompt_lookup.predicted_calls": False,
+            "main.admission.enabled": False,
+            "server.response_cache.enabled": False,
+            "main.chat.tokenize_cache.enabled": False,
+        },
+    ),
+    (
+        "+gate",
+        {
+            "main.prompt_lookup.prose_floor": 1,
+            "main.prompt_lookup.max_decoders": 8,
+            "main.prompt_lookup.predicted_calls": True,
+        },
+    ),
+    ("+fcfs", {"main.pinning.program_fcfs": True}),
+    ("+fixed-ttl", {"main.pinning.mode": "fixed", "main.pinning.fixed_ttl_s": 2.0}),
+    ("+cost-ttl", {"main.pinning.mode": "cost_model"}),
+)
+
+
+def ladder_systems() -> dict[str, dict[str, Any]]:
+    """The ladder's rungs by name (`toolserve-bare`, `toolserve-bare+gate`, ...),
+    each with its overrides, in order."""
+    rungs: dict[str, dict[str, Any]] = {}
+    name, overrides = "", {}
+    for step, step_overrides in LADDER_STEPS:
+        name, overrides = name + step, overrides | step_overrides
+        rungs[name] = overrides
+    return rungs
+
+
+LADDER_EXTRAS: dict[str, dict[str, Any]] = {
+    "toolserve-admission": {"main.admission.enabled": True},
+}
 # Stock arms with a setting of toolserve's engine taken away.
 STOCK_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "stock-vllm-plain": ("stock-vllm", {"main.prompt_lookup.enabled": False}),
@@ -476,11 +524,28 @@ def system_catalog() -> dict[str, SystemSpec]:
         catalog[name] = SystemSpec(name, "toolserve", overrides)
     for name, overrides in (VARIANTS | ROUTER_VARIANTS).items():
         catalog[name] = SystemSpec(name, "toolserve", overrides)
+    for name, overrides in (ladder_systems() | LADDER_EXTRAS).items():
+        catalog[name] = SystemSpec(name, "toolserve", overrides)
     for name, (overrides, client_speculation) in SPECULATION_VARIANTS.items():
         catalog[name] = SystemSpec(name, "toolserve", overrides, client_speculation)
     for name, (kind, overrides) in STOCK_VARIANTS.items():
         catalog[name] = SystemSpec(name, kind, overrides)
     return catalog
+
+
+LADDER_ALIAS = "ladder"
+
+
+def expand_system_names(names: list[str]) -> list[str]:
+    """`--systems` as given, with `ladder` standing for the strongest stock arm,
+    each rung and the shipped toolserve."""
+    expanded: list[str] = []
+    for name in names:
+        if name == LADDER_ALIAS:
+            expanded += ["stock-vllm", *ladder_systems(), "toolserve"]
+        else:
+            expanded.append(name)
+    return expanded
 
 
 def default_systems(size: str) -> tuple[str, ...]:

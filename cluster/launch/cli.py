@@ -70,13 +70,13 @@ def _check_config(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from bench.provenance import DirtyTreeError
     from bench.runner import BenchOptions, default_run_name, run_benchmark
-    from bench.systems import A_A_DEFAULT_SYSTEM, default_systems
+    from bench.systems import A_A_DEFAULT_SYSTEM, default_systems, expand_system_names
     from bench.workloads import Size
     from cluster.signals import stop_on_signals
 
     size: Size = "quick" if args.quick else args.size
     if args.systems:
-        systems = args.systems.split(",")
+        systems = expand_system_names(args.systems.split(","))
     else:
         systems = [A_A_DEFAULT_SYSTEM] if args.aa else list(default_systems(size))
     options = BenchOptions(
@@ -270,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--systems",
         help="comma-separated systems (default: stock-vllm, stock-ray-serve-llm, "
         "toolserve, and at the default size its ablations); NAME@PATH=VALUE gives one "
-        "system settings of its own, e.g. stock-vllm@main.cpu_threads_bind=0",
+        "system settings of its own, e.g. stock-vllm@main.cpu_threads_bind=0; `ladder` "
+        "stands for stock-vllm, each rung of toolserve's mechanisms and toolserve",
     )
     bench.add_argument("--size", choices=SIZES, default="default")
     bench.add_argument("--quick", action="store_true", help="same as --size quick")

@@ -3,6 +3,7 @@ vLLM's counters, CPU seconds and provenance."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -24,6 +25,8 @@ from bench.systems import (
     DELIBERATE_DIFFERENCES,
     bound_core_count,
     engine_settings,
+    expand_system_names,
+    ladder_systems,
     system_catalog,
     toolserve_config,
 )
@@ -445,3 +448,53 @@ def test_thread_variants_of_one_system_are_compared_with_each_other() -> None:
     assert (labels[2], labels[3]) in pairs
     assert (labels[0], labels[1]) in pairs and (labels[0], labels[2]) in pairs
     assert len(pairs) == len(set(pairs)) == 4
+
+
+def test_each_ladder_rung_adds_one_mechanism_and_the_last_plus_caches_is_toolserve() -> None:
+    base = load_config(DEFAULT_CONFIG_PATH).model_dump(mode="json")
+    settings = _settings()
+    catalog = system_catalog()
+
+    def config(name: str) -> ToolserveConfig:
+        return ToolserveConfig.model_validate(
+            toolserve_config(settings, base, catalog[name].overrides, 1, 2)
+        )
+
+    def mechanisms(name: str) -> dict[str, Any]:
+        main = config(name).main
+        gate = main.prompt_lookup
+        return {
+            "gate": (gate.prose_floor, gate.max_decoders, gate.predicted_calls),
+            "fcfs": main.pinning.program_fcfs,
+            "pinning": main.pinning.mode,
+            "admission": main.admission.enabled,
+            "caches": (
+                config(name).server.response_cache.enabled,
+                main.chat.tokenize_cache.enabled,
+            ),
+        }
+
+    rungs = list(ladder_systems())
+    assert rungs[0] == "toolserve-bare" and rungs[-1].endswith("+cost-ttl")
+    bare = mechanisms(rungs[0])
+    assert bare == {
+        "gate": (4, 1024, False),
+        "fcfs": False,
+        "pinning": "off",
+        "admission": False,
+        "caches": (False, False),
+    }
+    changed = [
+        {key for key in bare if mechanisms(lower)[key] != mechanisms(upper)[key]}
+        for lower, upper in itertools.pairwise(rungs)
+    ]
+    assert changed == [{"gate"}, {"fcfs"}, {"pinning"}, {"pinning"}]
+    assert mechanisms(rungs[-1]) | {"caches": (True, True)} == mechanisms("toolserve")
+    assert mechanisms("toolserve-admission") == mechanisms("toolserve") | {"admission": True}
+    assert all(config(rung).main.prompt_lookup.enabled for rung in rungs)
+    assert expand_system_names(["ladder", "stock-vllm-plain"]) == [
+        "stock-vllm",
+        *rungs,
+        "toolserve",
+        "stock-vllm-plain",
+    ]
