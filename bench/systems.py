@@ -104,7 +104,7 @@ def ladder_systems() -> dict[str, dict[str, Any]]:
     """The ladder's rungs by name (`toolserve-bare`, `toolserve-bare+gate`, ...),
     each with its overrides, in order."""
     rungs: dict[str, dict[str, Any]] = {}
-    name, overrides = "", {}
+    name, overrides = "", dict[str, Any]()
     for step, step_overrides in LADDER_STEPS:
         name, overrides = name + step, overrides | step_overrides
         rungs[name] = overrides
