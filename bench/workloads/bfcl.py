@@ -19,7 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bench.workloads.distributions import Distribution, poisson_arrivals
 from bench.workloads.program import (
+    AGENT_TEMPERATURE,
     AgentProgram,
+    Temperature,
     ToolCall,
     ToolOutcome,
     TurnRequest,
@@ -60,6 +62,7 @@ class BfclConfig(BaseModel):
         "statistics (arXiv 2511.02230, Table 1).",
     )
     max_tokens: int = Field(default=96, gt=0, description="Token cap of each model request.")
+    temperature: Temperature = AGENT_TEMPERATURE
 
 
 @cache
@@ -152,6 +155,7 @@ def generate_bfcl(config: BfclConfig, seed: int) -> list[BfclProgram]:
                 steps_per_turn=config.steps_per_turn,
                 max_tokens=config.max_tokens,
                 latencies_s=[config.tool_latency_s.sample(rng) for _ in range(most_requests)],
+                temperature=config.temperature,
             )
         )
     return programs

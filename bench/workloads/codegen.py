@@ -15,7 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bench.workloads.distributions import poisson_arrivals
 from bench.workloads.program import (
+    AGENT_TEMPERATURE,
     AgentProgram,
+    Temperature,
     ToolCall,
     ToolOutcome,
     TurnRequest,
@@ -61,6 +63,7 @@ class CodegenConfig(BaseModel):
     code_max_tokens: int = Field(default=192, gt=0, description="Token cap of a script turn.")
     answer_max_tokens: int = Field(default=48, gt=0, description="Token cap of an explanation.")
     timeout_s: float = Field(default=5, gt=0, description="Wall-clock limit of one script.")
+    temperature: Temperature = AGENT_TEMPERATURE
 
 
 def run_python(code: str, timeout_s: float) -> str:
@@ -129,6 +132,7 @@ def generate_codegen(config: CodegenConfig, seed: int) -> list[CodegenProgram]:
             code_max_tokens=config.code_max_tokens,
             answer_max_tokens=config.answer_max_tokens,
             timeout_s=config.timeout_s,
+            temperature=config.temperature,
         )
         for index, arrival in enumerate(arrivals)
     ]

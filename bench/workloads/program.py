@@ -9,16 +9,30 @@ for (really executing them, sleeping for the simulated part of their latency).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from cluster.openai_protocol import ModelToolCall
 
 ToolChoice = str | dict[str, Any]
+Temperature = Annotated[
+    float,
+    Field(
+        ge=0,
+        description="Sampling temperature of every turn, each turn seeded from its "
+        "program and index (the same in every arm): the model's calls and answers vary "
+        "from program to program and turn to turn, as real agents' do, and drafts "
+        "copied from earlier turns are accepted no more often than such text allows.",
+    ),
+]
+AGENT_TEMPERATURE = 0.7
 
 
 def named_tool(name: str) -> dict[str, Any]:
@@ -37,9 +51,6 @@ class TurnRequest:
     written: partial tool execution)."""
     exact_length: bool = False
     """Decode exactly `max_tokens` (vLLM's `min_tokens` and `ignore_eos`)."""
-    temperature: float = 0.0
-    seed: int | None = None
-    """Sampling seed of this request (None: the server's)."""
 
     @property
     def expects_tool_call(self) -> bool:
@@ -112,6 +123,16 @@ class AgentProgram(ABC):
     tools: list[dict[str, Any]]
     messages: list[dict[str, Any]] = field(default_factory=list)
     turns_sent: int = 0
+    temperature: float = 0.0
+    """Sampling temperature of its turns; above 0, each turn has a seed of its own."""
+
+    def turn_sampling(self) -> tuple[float, int | None]:
+        """Temperature and seed of the turn last asked for (`next_request`): the seed
+        comes from the program and the turn's index, so every arm samples alike."""
+        if self.temperature == 0:
+            return 0.0, None
+        digest = hashlib.sha256(f"{self.program_id}:{self.turns_sent}".encode()).digest()
+        return self.temperature, int.from_bytes(digest[:4], "big") >> 1
 
     @abstractmethod
     def next_request(self) -> TurnRequest | None:

@@ -37,8 +37,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bench.workloads.distributions import Distribution, poisson_arrivals
 from bench.workloads.program import (
+    AGENT_TEMPERATURE,
     AgentProgram,
     Reply,
+    Temperature,
     ToolCall,
     ToolOutcome,
     ToolRound,
@@ -102,7 +104,7 @@ class ReplayConfig(BaseModel):
     profiles: tuple[ReplayProfile, ...] = Field(
         default=(CODING_PROFILE, ASSISTANT_PROFILE), description="The agent mix."
     )
-    temperature: float = Field(default=0.7, ge=0, description="Sampling temperature.")
+    temperature: Temperature = AGENT_TEMPERATURE
 
 
 @dataclass(frozen=True)
@@ -118,8 +120,6 @@ class TurnShape:
 @dataclass
 class ReplayProgram(AgentProgram):
     shapes: list[TurnShape] = field(default_factory=list)
-    temperature: float = 0.7
-    seed: int = 0
 
     def next_request(self) -> TurnRequest | None:
         if self.turns_sent >= len(self.shapes):
@@ -128,13 +128,7 @@ class ReplayProgram(AgentProgram):
         if shape.appended_text:
             self.messages.append({"role": "user", "content": shape.appended_text})
         self.turns_sent += 1
-        return TurnRequest(
-            tool_choice="none",
-            max_tokens=shape.output_tokens,
-            exact_length=True,
-            temperature=self.temperature,
-            seed=random.Random(f"{self.seed}:{self.program_id}:{self.turns_sent}").getrandbits(31),
-        )
+        return TurnRequest(tool_choice="none", max_tokens=shape.output_tokens, exact_length=True)
 
     def execute(self, call: ToolCall) -> ToolOutcome:
         raise NotImplementedError("a replayed program declares no tools")
@@ -192,7 +186,6 @@ def generate_replay(config: ReplayConfig, seed: int, text: TokenText) -> list[Re
                 messages=messages,
                 shapes=shapes,
                 temperature=config.temperature,
-                seed=seed,
             )
         )
     return programs

@@ -28,7 +28,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from bench.workloads.coding_tools import EDIT_FILE, READ_FILE, RUN_TESTS, SEARCH_CODE
 from bench.workloads.distributions import Distribution, poisson_arrivals
 from bench.workloads.program import (
+    AGENT_TEMPERATURE,
     AgentProgram,
+    Temperature,
     ToolCall,
     ToolOutcome,
     TurnRequest,
@@ -80,6 +82,7 @@ class TraceConfig(BaseModel):
     )
     call_max_tokens: int = Field(default=64, gt=0, description="Token cap of a tool-call turn.")
     answer_max_tokens: int = Field(default=48, gt=0, description="Token cap of the final turn.")
+    temperature: Temperature = AGENT_TEMPERATURE
 
 
 SWE_TOOLS = [READ_FILE, SEARCH_CODE, RUN_TESTS, EDIT_FILE]
@@ -240,6 +243,7 @@ def generate_trace(config: TraceConfig, seed: int) -> list[TraceProgram]:
                 seed=seed,
                 call_max_tokens=config.call_max_tokens,
                 answer_max_tokens=config.answer_max_tokens,
+                temperature=config.temperature,
             )
         )
     return programs

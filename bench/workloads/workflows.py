@@ -16,6 +16,7 @@ cores finishes a session in minutes."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from bench.workloads.coding_tools import EDIT_FILE, LIST_FILES, READ_FILE, RUN_TESTS
 from bench.workloads.distributions import Distribution, poisson_arrivals
 from bench.workloads.program import (
+    AGENT_TEMPERATURE,
     AgentProgram,
+    Temperature,
     ToolCall,
     ToolOutcome,
     TurnRequest,
@@ -34,9 +37,27 @@ from bench.workloads.program import (
 
 FINAL_ANSWER = "final_answer"
 BUG_FIX_STEPS = ("list_files", "read_test", "read_source", "run_tests", "edit_file", FINAL_ANSWER)
-# list the files, then eleven read → edit → test cycles, then the summary: 35 turns.
-CODING_STEPS = ("list_files", *(("read_source", "edit_file", "run_tests") * 11), FINAL_ANSWER)
-WORKFLOW_STEPS = {"bugfix-6": BUG_FIX_STEPS, "coding-35": CODING_STEPS}
+CODING_CYCLES = 11
+
+
+def coding_steps(rng: random.Random) -> tuple[str, ...]:
+    """List the files, then eleven cycles of reading (the source or its tests),
+    an edit and a check (the tests, or the source read again), then the summary:
+    35 turns, in an order of the session's own."""
+    steps = ["list_files"]
+    for _ in range(CODING_CYCLES):
+        steps += [
+            rng.choice(("read_source", "read_test")),
+            "edit_file",
+            rng.choice(("run_tests", "run_tests", "read_source")),
+        ]
+    return (*steps, FINAL_ANSWER)
+
+
+WORKFLOW_STEPS: dict[str, Callable[[random.Random], tuple[str, ...]]] = {
+    "bugfix-6": lambda _rng: BUG_FIX_STEPS,
+    "coding-35": coding_steps,
+}
 _STEP_TOOL = {
     "list_files": "list_files",
     "read_test": "read_file",
@@ -74,6 +95,7 @@ class WorkflowConfig(BaseModel):
         "(`coding_tools.MAX_ARGUMENT_CHARS`).",
     )
     answer_max_tokens: int = Field(default=64, gt=0, description="Token cap of the summary.")
+    temperature: Temperature = AGENT_TEMPERATURE
 
 
 @dataclass
@@ -177,13 +199,13 @@ class WorkflowProgram(AgentProgram):
 def generate_workflows(config: WorkflowConfig, seed: int) -> list[WorkflowProgram]:
     if config.workflow not in WORKFLOW_STEPS:
         raise ValueError(f"unknown workflow {config.workflow!r}; known: {sorted(WORKFLOW_STEPS)}")
-    steps = WORKFLOW_STEPS[config.workflow]
     rng = random.Random(seed)
     arrivals = poisson_arrivals(config.sessions, config.arrival_rate_per_s, rng)
     programs = []
     for index, arrival in enumerate(arrivals):
         tag = f"s{seed}x{index:03d}"
         repository = ScriptedRepository(tag=tag, rng=random.Random(f"{seed}:{tag}"))
+        steps = WORKFLOW_STEPS[config.workflow](random.Random(f"{seed}:{tag}:steps"))
         programs.append(
             WorkflowProgram(
                 program_id=f"{config.workflow}-{seed}-{index:03d}",
@@ -203,6 +225,7 @@ def generate_workflows(config: WorkflowConfig, seed: int) -> list[WorkflowProgra
                 repository=repository,
                 call_max_tokens=config.call_max_tokens,
                 answer_max_tokens=config.answer_max_tokens,
+                temperature=config.temperature,
             )
         )
     return programs

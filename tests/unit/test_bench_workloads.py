@@ -37,7 +37,7 @@ from bench.workloads.conveyor import (
     generate_conveyor,
 )
 from bench.workloads.distributions import Distribution, poisson_arrivals
-from bench.workloads.program import Reply, ToolCall, ToolOutcome
+from bench.workloads.program import AGENT_TEMPERATURE, Reply, ToolCall, ToolOutcome
 from bench.workloads.speculation import RecordsProgram, RecordsTaskConfig, generate_speculation
 from bench.workloads.trace import (
     BFCL_V4_PROFILE,
@@ -49,8 +49,8 @@ from bench.workloads.trace import (
 )
 from bench.workloads.workflows import (
     BUG_FIX_STEPS,
-    CODING_STEPS,
     WorkflowConfig,
+    coding_steps,
     generate_workflows,
 )
 from cluster.config import ToolsConfig
@@ -195,7 +195,8 @@ def test_trace_program_counts_unusable_calls() -> None:
 
 def test_workflow_scripts_have_the_papers_turn_counts() -> None:
     assert len(BUG_FIX_STEPS) == 6
-    assert len(CODING_STEPS) == 35
+    scripts = {coding_steps(random.Random(seed)) for seed in range(5)}
+    assert {len(script) for script in scripts} == {35} and len(scripts) == 5
 
 
 def test_coding_workflow_grows_every_turn_with_session_unique_files() -> None:
@@ -637,3 +638,24 @@ def test_a_database_call_runs_a_read_only_query_whole() -> None:
     output = conveyor_run("query_database", program.calls[0])
     assert output.splitlines()[0] == "name | words"
     assert len(output.splitlines()) > 1
+
+
+@pytest.mark.parametrize(
+    "name", ["many-agent", "bugfix-6", "coding-35", "bfcl", "codegen", "trace-replay"]
+)
+def test_agent_workloads_sample_every_turn_with_a_seed_of_its_own(name: str) -> None:
+    """Sampled, not greedy, so the model does not write the same call turn after
+    turn; seeded by program and turn, so every arm sends the same requests."""
+
+    def seeds() -> list[int | None]:
+        drawn = []
+        for program in plan_workload(name, "quick").build(0):  # type: ignore[arg-type]
+            assert program.temperature == AGENT_TEMPERATURE
+            for turn in range(1, 4):
+                program.turns_sent = turn
+                drawn.append(program.turn_sampling()[1])
+        return drawn
+
+    first = seeds()
+    assert None not in first and len(set(first)) == len(first)
+    assert seeds() == first

@@ -85,8 +85,9 @@ def test_a_replayed_turn_asks_for_exactly_its_tokens_then_pauses() -> None:
         assert request is not None
         assert request.exact_length and request.max_tokens == shape.output_tokens
         assert not program.tools and not request.expects_tool_call
-        assert request.temperature == config.temperature
-        seeds.append(request.seed)
+        temperature, seed = program.turn_sampling()
+        assert temperature == config.temperature
+        seeds.append(seed)
         if index:
             assert program.messages[-1] == {"role": "user", "content": shape.appended_text}
         started = time.monotonic()
