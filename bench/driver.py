@@ -230,16 +230,13 @@ class Driver:
         self, program: AgentProgram, request: TurnRequest, session_id: str
     ) -> tuple[Reply, dict[str, ToolOutcome]]:
         """The reply, and the outcomes of its calls the client already ran."""
-        temperature, seed = program.turn_sampling()
         arguments: dict[str, Any] = {
             "model": self._model,
             "messages": program.messages,
             "max_tokens": request.max_tokens,
-            "temperature": temperature,
+            "temperature": program.temperature,
             "extra_headers": {"X-Session-ID": session_id},
         }
-        if seed is not None:
-            arguments["seed"] = seed
         if program.tools:
             arguments["tools"] = program.tools
             arguments["tool_choice"] = request.tool_choice

@@ -7,6 +7,11 @@ on the same model, KV budget and CPU binding, and stopped before the next one.
   same server without the drafts.
 - `stock-ray-serve-llm`: Ray Serve LLM's `build_openai_app`, default router, on
   the same engine arguments as `stock-vllm`.
+- `stock-vllm-router`: vLLM's own multi-replica deployment, `vllm-router` with
+  consistent-hash session affinity on `X-Session-ID` in front of one
+  `stock-vllm` server per replica (`main.num_replicas`, each bound to
+  `main.cpu_binding` of its rank); `stock-vllm-router-programs` adds the
+  router's program scheduling (Progress-TTL admission, global queue).
 - `toolserve`: this project with everything on; `toolserve-no-<mechanism>`
   ablations switch one mechanism off through configuration overrides, and
   `toolserve-fixed-ttl` pins for Continuum's static 2 s instead of the cost
@@ -28,7 +33,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -201,6 +206,12 @@ class EngineSettings:
             # would yield the CPU to every other process, vLLM's own server would not.
             "RAY_worker_niceness": "0",
         } | self.engine_environment
+
+
+def replica_environment(settings: EngineSettings, binding: str) -> dict[str, str]:
+    """The environment of one replica's engine bound to `binding`, under a launcher
+    that starts several."""
+    return os.environ | replace(settings, cpu_threads_bind=binding).process_environment()
 
 
 def bound_core_count(binding: str) -> int:
@@ -377,6 +388,13 @@ class LaunchPlan:
         }
 
 
+# Stock systems started by a launcher of the benchmark's: kind -> its module.
+STOCK_LAUNCHERS = {
+    "stock-ray-serve-llm": "bench.baselines.ray_serve_llm",
+    "stock-vllm-router": "bench.baselines.vllm_router",
+}
+
+
 @dataclass(frozen=True)
 class SystemSpec:
     """How to start one system (`kind`: which launcher); `overrides` are this
@@ -387,6 +405,8 @@ class SystemSpec:
     kind: str
     overrides: dict[str, Any]
     client_speculation: bool = False
+    launcher_options: tuple[str, ...] = ()
+    """Further arguments of a stock system's launcher."""
 
     def configured(self, raw_config: dict[str, Any]) -> dict[str, Any]:
         return with_overrides(raw_config, self.overrides)
@@ -404,15 +424,22 @@ class SystemSpec:
             return LaunchPlan(stock_vllm_command(settings, port), environment, log_path, endpoint)
         metrics_port = free_port()
         endpoint = Endpoint(base_url, f"http://127.0.0.1:{metrics_port}/metrics")
-        if self.kind == "stock-ray-serve-llm":
+        if self.kind in STOCK_LAUNCHERS:
             settings_path = workdir / "logs" / f"{tag}.settings.json"
             settings_path.write_text(json.dumps(asdict(settings), indent=2))
             command = [
-                sys.executable, "-m", "bench.baselines.ray_serve_llm",
+                sys.executable, "-m", STOCK_LAUNCHERS[self.kind],
                 "--settings", str(settings_path), "--port", str(port),
                 "--metrics-port", str(metrics_port),
             ]  # fmt: skip
-            return LaunchPlan(command, environment, log_path, endpoint)
+            ready_line = None
+            if self.kind == "stock-vllm-router":
+                main = ToolserveConfig.model_validate(base_config).main
+                bindings = [main.cpu_binding(rank) for rank in range(main.num_replicas)]
+                command += ["--bindings", *bindings]
+                ready_line = ROUTER_READY_LINE
+            command += self.launcher_options
+            return LaunchPlan(command, environment, log_path, endpoint, ready_line)
         raw = toolserve_config(settings, base_config, {}, port, metrics_port)
         config_path = workdir / "logs" / f"{tag}.yaml"
         config_path.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -514,6 +541,11 @@ def stock_vllm_command(settings: EngineSettings, port: int) -> list[str]:
 
 
 BASELINE_SYSTEMS = ("stock-vllm", "stock-ray-serve-llm", "toolserve")
+ROUTER_READY_LINE = "[vllm-router] ready"
+ROUTER_BASELINES = {
+    "stock-vllm-router": (),
+    "stock-vllm-router-programs": ("--program-scheduling",),
+}
 A_A_DEFAULT_SYSTEM = "stock-vllm"
 
 
@@ -530,6 +562,8 @@ def system_catalog() -> dict[str, SystemSpec]:
         catalog[name] = SystemSpec(name, "toolserve", overrides, client_speculation)
     for name, (kind, overrides) in STOCK_VARIANTS.items():
         catalog[name] = SystemSpec(name, kind, overrides)
+    for name, options in ROUTER_BASELINES.items():
+        catalog[name] = SystemSpec(name, "stock-vllm-router", {}, launcher_options=options)
     return catalog
 
 

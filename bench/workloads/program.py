@@ -9,7 +9,6 @@ for (really executing them, sleeping for the simulated part of their latency).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import time
 from abc import ABC, abstractmethod
@@ -26,10 +25,12 @@ Temperature = Annotated[
     float,
     Field(
         ge=0,
-        description="Sampling temperature of every turn, each turn seeded from its "
-        "program and index (the same in every arm): the model's calls and answers vary "
-        "from program to program and turn to turn, as real agents' do, and drafts "
-        "copied from earlier turns are accepted no more often than such text allows.",
+        description="Sampling temperature of every turn: the model's calls and answers "
+        "vary from program to program and turn to turn, as real agents' do, and drafts "
+        "copied from earlier turns are accepted no more often than such text allows. "
+        "Turns carry no `seed`: vLLM's CPU engine fails whenever a seeded request's "
+        "prefill is split across steps (its CPU generator cannot be rewound), so they "
+        "sample from the engine's own seeded generator.",
     ),
 ]
 AGENT_TEMPERATURE = 0.7
@@ -124,15 +125,7 @@ class AgentProgram(ABC):
     messages: list[dict[str, Any]] = field(default_factory=list)
     turns_sent: int = 0
     temperature: float = 0.0
-    """Sampling temperature of its turns; above 0, each turn has a seed of its own."""
-
-    def turn_sampling(self) -> tuple[float, int | None]:
-        """Temperature and seed of the turn last asked for (`next_request`): the seed
-        comes from the program and the turn's index, so every arm samples alike."""
-        if self.temperature == 0:
-            return 0.0, None
-        digest = hashlib.sha256(f"{self.program_id}:{self.turns_sent}".encode()).digest()
-        return self.temperature, int.from_bytes(digest[:4], "big") >> 1
+    """Sampling temperature of its turns."""
 
     @abstractmethod
     def next_request(self) -> TurnRequest | None:

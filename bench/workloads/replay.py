@@ -5,7 +5,7 @@ or user text the agent got since its last turn) and decodes exactly a given
 number of tokens (`min_tokens` = `max_tokens`, `ignore_eos`), and turns are
 separated by tool pauses. What the model happens to write can neither shorten
 nor lengthen the work, so every system does the same prefill and decode; the
-sampled text (temperature 0.7, a seed per turn) does not repeat itself, so n-gram
+sampled text (temperature 0.7) does not repeat itself, so n-gram
 drafts are accepted at the rate unrepetitive text gives them.
 
 Shapes, per agent kind (sources):

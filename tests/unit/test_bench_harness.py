@@ -15,6 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
+from bench.baselines.vllm_router import router_command
 from bench.cpu import ProcessTreeCpu
 from bench.metrics import engine_counters, engine_work, front_end_work
 from bench.provenance import DirtyTreeError, code_state, note_code_state, start_provenance
@@ -23,10 +24,12 @@ from bench.systems import (
     ABLATIONS,
     BASELINE_SYSTEMS,
     DELIBERATE_DIFFERENCES,
+    ROUTER_READY_LINE,
     bound_core_count,
     engine_settings,
     expand_system_names,
     ladder_systems,
+    replica_environment,
     system_catalog,
     toolserve_config,
 )
@@ -498,3 +501,31 @@ def test_each_ladder_rung_adds_one_mechanism_and_the_last_plus_caches_is_toolser
         "toolserve",
         "stock-vllm-plain",
     ]
+
+
+def test_the_router_arm_starts_one_bound_server_per_replica_behind_vllm_router(
+    tmp_path: Path,
+) -> None:
+    raw = load_config(DEFAULT_CONFIG_PATH).model_dump(mode="json")
+    two_replicas = (
+        "@main.num_replicas=2@main_placement=own_replicas"
+        '@main.cpu_threads_bind_by_local_rank=["0","1"]'
+    )
+    for system, scheduling in (
+        ("stock-vllm-router", False),
+        ("stock-vllm-router-programs", True),
+    ):
+        arm = arm_setup(system + two_replicas, raw, 256, 4096)
+        plan = arm.spec.plan(arm.settings, arm.raw_config, tmp_path, system)
+        command = plan.command
+        assert command[command.index("-m") + 1] == "bench.baselines.vllm_router"
+        assert command[command.index("--bindings") + 1 :][:2] == ["0", "1"]
+        assert ("--program-scheduling" in command) == scheduling
+        assert plan.ready_line == ROUTER_READY_LINE
+    replica = replica_environment(arm.settings, "1")
+    assert replica["VLLM_CPU_OMP_THREADS_BIND"] == "1" and replica["OMP_NUM_THREADS"] == "1"
+    assert replica["NUMBA_THREADING_LAYER"] == "workqueue"
+    router = router_command(["http://a:1", "http://b:2"], 30, 31, program_scheduling=True)
+    assert router[router.index("--policy") + 1] == "consistent_hash"
+    assert router[router.index("--worker-urls") + 1 :][:2] == ["http://a:1", "http://b:2"]
+    assert "--enable-program-scheduling" in router

@@ -643,19 +643,7 @@ def test_a_database_call_runs_a_read_only_query_whole() -> None:
 @pytest.mark.parametrize(
     "name", ["many-agent", "bugfix-6", "coding-35", "bfcl", "codegen", "trace-replay"]
 )
-def test_agent_workloads_sample_every_turn_with_a_seed_of_its_own(name: str) -> None:
-    """Sampled, not greedy, so the model does not write the same call turn after
-    turn; seeded by program and turn, so every arm sends the same requests."""
-
-    def seeds() -> list[int | None]:
-        drawn = []
-        for program in plan_workload(name, "quick").build(0):  # type: ignore[arg-type]
-            assert program.temperature == AGENT_TEMPERATURE
-            for turn in range(1, 4):
-                program.turns_sent = turn
-                drawn.append(program.turn_sampling()[1])
-        return drawn
-
-    first = seeds()
-    assert None not in first and len(set(first)) == len(first)
-    assert seeds() == first
+def test_agent_workloads_sample_their_turns(name: str) -> None:
+    """Sampled, not greedy, so the model does not write the same call turn after turn."""
+    programs = plan_workload(name, "quick").build(0)  # type: ignore[arg-type]
+    assert programs and {program.temperature for program in programs} == {AGENT_TEMPERATURE}
