@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ from toolworkers.call_stream import CALL_CLOSING_MARKERS
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
+    from ray.serve.metrics import Counter
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -109,6 +111,7 @@ class ModelServer:
             else None
         )
         self._pinning: EnginePinning | None = None
+        self._seeds_supported = True
         self._stats_exports: list[asyncio.Task[None]] = []
         self._tools_config = tools
         self._tools: ToolExecutor | None = None
@@ -152,6 +155,7 @@ class ModelServer:
         from starlette.datastructures import State
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
         from vllm.entrypoints.launchers.cli_args import FrontendArgs
+        from vllm.platforms import current_platform
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
@@ -175,6 +179,7 @@ class ModelServer:
             stat_loggers=[RayPrometheusStatLogger],
         )
         self._engine = engine
+        self._seeds_supported = not current_platform.is_cpu()
         chat = self._deployment.chat
         install_prompt_preparation(engine.renderer, chat.tokenize_cache)
         frontend = FrontendArgs(**chat.frontend_kwargs())
@@ -411,6 +416,9 @@ class ModelServer:
         )
 
         assert self._serving_chat is not None
+        if request.seed is not None and not self._seeds_supported:
+            request = request.model_copy(update={"seed": None})
+            _seeds_dropped().inc()
         try:
             result = await self._serving_chat.create_chat_completion(request, None)
         except Exception as error:
@@ -497,6 +505,22 @@ def is_last_step(request: ChatCompletionRequest) -> bool:
     """The client (or the ingress, for a turn without a session) marked the turn
     its program's last."""
     return bool(request.vllm_xargs and request.vllm_xargs.get(LAST_STEP_ARG))
+
+
+@functools.cache
+def _seeds_dropped() -> Counter:
+    from ray.serve.metrics import Counter
+
+    # NOTE: vLLM rewinds a seeded request's generator after a step that split its
+    # prefill (`set_offset`), which torch's CPU generator does not have: the
+    # engine core dies. A reply sampled without the seed is what OpenAI's API
+    # promises anyway ("best effort" determinism); a dead engine loses every
+    # request it holds.
+    return Counter(
+        "toolserve_request_seeds_dropped",
+        description="Requests whose `seed` was not passed to the engine: vLLM's CPU "
+        "engine fails on a seeded request whose prefill is split across steps.",
+    )
 
 
 def _current_local_rank() -> int:

@@ -97,6 +97,29 @@ def test_context_overflow(cluster: Endpoints, model_name: str) -> None:
     _assert_error_body(response, 400, "context_length_exceeded")
 
 
+def test_a_seeded_request_split_across_engine_steps_is_served(
+    client: OpenAI, model_name: str
+) -> None:
+    """A prompt past the engine's per-step token budget is prefilled in several
+    steps; vLLM's CPU engine dies on such a request when it is seeded (its CPU
+    generator cannot be rewound), so the server samples it without the seed. The
+    engine lives on: the next request and `healthy_after` are answered."""
+    prompt = " ".join(["amber", "violet", "cobalt"] * 1100) + "\nName one colour."
+    reply = client.chat.completions.create(
+        model=model_name,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=4,
+        temperature=0.8,
+        seed=11,
+    )
+    assert reply.usage is not None and reply.usage.prompt_tokens > 3000
+    assert reply.choices[0].finish_reason in ("length", "stop")
+    again = client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": "Say OK."}], max_tokens=2
+    )
+    assert again.choices[0].finish_reason in ("length", "stop")
+
+
 def test_conflicting_session_ids(cluster: Endpoints, model_name: str) -> None:
     response = _post(
         cluster,
