@@ -369,11 +369,11 @@ def _embedded_vocabulary_words(count: int = 4000) -> tuple[str, ...]:
 def _trace_replay(size: Size) -> WorkloadPlan:
     if size == "quick":
         config = ReplayConfig(programs=6, arrival_rate_per_s=0.5, max_context=3072)
-        kv_cache_mib, max_model_len = 256, 4096
+        kv_cache_mib, max_model_len = 384, 4096
     else:
         # The chat template's markup comes on top of the content's tokens.
         config = ReplayConfig(programs=16, arrival_rate_per_s=0.2, max_context=7680)
-        kv_cache_mib, max_model_len = 1024, 8192
+        kv_cache_mib, max_model_len = 1536, 8192
     return WorkloadPlan(
         name="trace-replay",
         size=size,

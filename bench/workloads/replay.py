@@ -15,10 +15,11 @@ Shapes, per agent kind (sources):
   toward the model's limit, as in the coding-agent traces of vLLM's AgentX
   write-up (2026-09: median 43 turns and 142k input tokens per session, over 96%
   prefix hits) and Mooncake's SWE-bench traces; scaled here to an 8k-token model:
-  a turn adds 350 ± 400 tokens (lognormal) and writes 90 ± 60.
+  a turn adds 350 ± 400 tokens (lognormal) and writes 50 ± 40 (a call and a
+  line of reasoning; an assumption, as the sources give no per-turn output).
 - `assistant`: a BFCL v4-style tool assistant. Turns 6.3 ± 2.3 and tool pauses
   1923 ± 2133 ms from the same table; short tool results (120 ± 80 tokens) and
-  calls or answers of 40 ± 25 tokens.
+  calls or answers of 30 ± 20 tokens (assumed likewise).
 A program ends at its drawn turn count or before a turn would pass `max_context`
 tokens. Not reproduced: the content of real tools and calls (word lists of the
 model's vocabulary stand in), sub-agents and parallel calls.
@@ -75,7 +76,7 @@ CODING_PROFILE = ReplayProfile(
     turns=Distribution(kind="normal", mean=10.9, sd=2.1, low=2),
     first_prompt_tokens=1500,
     appended_tokens=Distribution(kind="lognormal", mean=350, sd=400, low=16, high=2500),
-    output_tokens=Distribution(kind="lognormal", mean=90, sd=60, low=16, high=400),
+    output_tokens=Distribution(kind="lognormal", mean=50, sd=40, low=12, high=300),
     tool_pause_s=Distribution(kind="lognormal", mean=0.925, sd=3.55),
 )
 ASSISTANT_PROFILE = ReplayProfile(
@@ -84,7 +85,7 @@ ASSISTANT_PROFILE = ReplayProfile(
     turns=Distribution(kind="normal", mean=6.3, sd=2.3, low=2),
     first_prompt_tokens=900,
     appended_tokens=Distribution(kind="lognormal", mean=120, sd=80, low=16, high=800),
-    output_tokens=Distribution(kind="lognormal", mean=40, sd=25, low=8, high=200),
+    output_tokens=Distribution(kind="lognormal", mean=30, sd=20, low=8, high=150),
     tool_pause_s=Distribution(kind="lognormal", mean=1.923, sd=2.133),
 )
 

@@ -138,3 +138,25 @@ def test_replayed_conversations_fit_the_model_and_reach_toward_its_limit(
             reply = tokenizer.decode(rng.choices(range(1000, 20000), k=request.max_tokens))
             asyncio.run(program.act(request, Reply(reply, (), "length", 0, 0, request.max_tokens)))
     assert longest > 0.7 * plan.max_model_len
+
+
+# SmolLM2-135M's KV in float32: keys and values, 30 layers, 3 KV heads of 64.
+_KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_the_kv_pool_is_under_pressure_without_thrashing(
+    size: str, smollm2_chat: tuple[Any, str]
+) -> None:
+    """The programs' final contexts add up to more than the pool holds (pinning and
+    scheduling matter) but not to much more (the live contexts at any moment, fewer
+    than all final ones, about fit)."""
+    tokenizer, _ = smollm2_chat
+    plan = plan_workload("trace-replay", size)  # type: ignore[arg-type]
+    finals = 0
+    for program in plan.build(0):
+        texts = [program.messages[0]["content"], *(s.appended_text for s in program.shapes)]
+        finals += sum(len(tokenizer.encode(text, add_special_tokens=False)) for text in texts)
+        finals += sum(shape.output_tokens for shape in program.shapes)
+    pool = plan.kv_cache_mib * 2**20 // _KV_BYTES_PER_TOKEN
+    assert 1.2 < finals / pool < 1.7, (finals, pool)
