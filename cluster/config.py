@@ -309,6 +309,18 @@ class PromptLookupConfig(_Strict):
     initial_acceptance: float = Field(
         default=0.5, ge=0, le=1, description="A request's acceptance before it has any."
     )
+    min_prose_acceptance: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="Below this acceptance in prose a request gets no drafts, but for "
+        "one probe step (`prose_floor` drafts) every `probe_every` steps that keeps its "
+        "average current: a verified draft costs the step's compute whether or not it "
+        "is accepted, and text that repeats nothing of the prompt wastes every one.",
+    )
+    probe_every: int = Field(
+        default=8, ge=1, description="Steps per probe while prose drafts are withheld."
+    )
     max_decoders: int = Field(
         default=8,
         ge=0,

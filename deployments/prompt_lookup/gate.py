@@ -2,7 +2,8 @@
 its next step, after the stateful multi-agent inference paper's gating (§3.6):
 the whole window while the request writes a tool call (names, keys and values
 copied from the prompt), a floor in prose that grows with the request's own
-acceptance there (an exponential moving average), and no drafts at all while
+acceptance there (an exponential moving average), none in prose whose drafts are
+almost never accepted but for a periodic probe step, and no drafts at all while
 more requests decode together than verification pays for (the concurrency cap:
 each verified draft costs a batch slot's compute whether or not it is accepted)."""
 
@@ -27,6 +28,10 @@ class GateSettings:
     """A request's acceptance in prose before its first verified step."""
     max_decoders: int
     """Above this many decoding requests, no request gets drafts."""
+    min_prose_acceptance: float = 0.0
+    """Below this acceptance in prose, drafts only on probe steps."""
+    probe_every: int = 1
+    """Steps per probe step while prose drafts are withheld."""
 
 
 class CallRegions:
@@ -102,6 +107,7 @@ class ProposalGate:
     def __init__(self, settings: GateSettings):
         self.settings = settings
         self._acceptance: dict[str, float] = {}
+        self._withheld: dict[str, int] = {}
         self._stats = GateStats()
 
     def allows_drafts(self, decoders: int) -> bool:
@@ -116,7 +122,15 @@ class ProposalGate:
         if in_call:
             return window
         acceptance = self._acceptance.get(request_id, self.settings.initial_acceptance)
-        return max(self.settings.prose_floor, min(window, round(window * acceptance)))
+        floor = self.settings.prose_floor
+        if acceptance < self.settings.min_prose_acceptance:
+            withheld = self._withheld.get(request_id, 0) + 1
+            if withheld < self.settings.probe_every:
+                self._withheld[request_id] = withheld
+                return 0
+            self._withheld[request_id] = 0
+            return max(1, floor)
+        return max(floor, min(window, round(window * acceptance)))
 
     def observe(
         self,
@@ -144,6 +158,7 @@ class ProposalGate:
 
     def forget(self, request_id: str) -> None:
         self._acceptance.pop(request_id, None)
+        self._withheld.pop(request_id, None)
 
     def take_stats(self) -> GateStats:
         stats, self._stats = self._stats, GateStats()

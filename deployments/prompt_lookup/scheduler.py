@@ -55,6 +55,8 @@ class PromptLookupGateMixin:
                 ema_weight=config.ema_weight,
                 initial_acceptance=config.initial_acceptance,
                 max_decoders=config.max_decoders,
+                min_prose_acceptance=config.min_prose_acceptance,
+                probe_every=config.probe_every,
             )
         )
         tokenizer = cached_tokenizer_from_config(base.vllm_config.model_config)

@@ -467,7 +467,12 @@ def test_each_ladder_rung_adds_one_mechanism_and_the_last_plus_caches_is_toolser
         main = config(name).main
         gate = main.prompt_lookup
         return {
-            "gate": (gate.prose_floor, gate.max_decoders, gate.predicted_calls),
+            "gate": (
+                gate.prose_floor,
+                gate.max_decoders,
+                gate.min_prose_acceptance,
+                gate.predicted_calls,
+            ),
             "fcfs": main.pinning.program_fcfs,
             "pinning": main.pinning.mode,
             "admission": main.admission.enabled,
@@ -481,7 +486,7 @@ def test_each_ladder_rung_adds_one_mechanism_and_the_last_plus_caches_is_toolser
     assert rungs[0] == "toolserve-bare" and rungs[-1].endswith("+cost-ttl")
     bare = mechanisms(rungs[0])
     assert bare == {
-        "gate": (4, 1024, False),
+        "gate": (4, 1024, 0.0, False),
         "fcfs": False,
         "pinning": "off",
         "admission": False,

@@ -149,3 +149,29 @@ def test_smollm2s_hermes_calls_are_found_in_its_token_stream_token_by_token() ->
     assert inside_once_written('"name": "ls"') is True
     assert inside_once_written("</tool_call>") is False
     assert inside_once_written("Done.") is False
+
+
+def test_prose_drafts_nobody_accepts_are_withheld_but_for_probes() -> None:
+    gate = ProposalGate(
+        GateSettings(
+            window=4,
+            prose_floor=1,
+            ema_weight=0.5,
+            initial_acceptance=0.5,
+            max_decoders=8,
+            min_prose_acceptance=0.1,
+            probe_every=4,
+        )
+    )
+    assert gate.draft_length("r", in_call=False) == 2
+    for _ in range(4):
+        gate.observe("r", drafted=2, accepted=0, in_call=False)
+    lengths = [gate.draft_length("r", in_call=False) for _ in range(8)]
+    assert lengths == [0, 0, 0, 1, 0, 0, 0, 1], "one probe step in four"
+    assert gate.draft_length("r", in_call=True) == 4, "a call still gets the window"
+    for _ in range(3):  # probes whose drafts are accepted bring the drafts back
+        gate.observe("r", drafted=1, accepted=1, in_call=False)
+    assert gate.draft_length("r", in_call=False) == 4
+    assert gate.draft_length("other", in_call=False) == 2
+    gate.forget("r")
+    assert gate.draft_length("r", in_call=False) == 2
