@@ -7,11 +7,12 @@ In the README a generated table sits between `<!-- bench-table RUN... -->` and
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from bench.driver import ProgramRecord
 from bench.report import format_interval, jct_ratio_by_agent_type_lines
@@ -36,13 +37,21 @@ def _load(run_dir: Path) -> dict[str, Any]:
     return summary
 
 
+def open_records(run_dir: Path) -> IO[str]:
+    """A run's `records.jsonl`, or the `records.jsonl.gz` a committed run keeps."""
+    compressed = run_dir / "records.jsonl.gz"
+    if compressed.exists():
+        return gzip.open(compressed, "rt")
+    return (run_dir / "records.jsonl").open()
+
+
 def by_kind_table(run_dir: Path) -> str:
     """Each agent kind's mean JCT ratio, paired by round, from a recorded run's
     `records.jsonl` (for runs recorded before their report gave it)."""
     summary = _load(run_dir)
     arms = list(summary["arms"])
     programs: dict[str, list[ProgramRecord]] = {label: [] for label in arms}
-    with (run_dir / "records.jsonl").open() as records:
+    with open_records(run_dir) as records:
         for line in records:
             record = json.loads(line)
             if record.pop("kind") == "program" and record["system"] in programs:

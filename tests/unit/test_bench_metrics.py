@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import math
 import time
@@ -567,9 +568,12 @@ def test_each_agent_kind_has_its_own_paired_jct_ratio(tmp_path: Path) -> None:
     assert f"| {system} | {reference} | database | 1.00x [1.00, 1.00] | 1.00 / 1.00 |" in report
     # The same from a recorded run's files, for runs recorded before the report gave it.
     write_summary(tmp_path, summary)
-    (tmp_path / "records.jsonl").write_text(
-        "".join(json.dumps(p.as_json()) + "\n" for arm in runs.values() for p in arm.programs)
-    )
+    records = "".join(json.dumps(p.as_json()) + "\n" for arm in runs.values() for p in arm.programs)
+    (tmp_path / "records.jsonl").write_text(records)
+    assert by_kind_table(tmp_path) in report
+    # A committed run keeps its records compressed.
+    (tmp_path / "records.jsonl").unlink()
+    (tmp_path / "records.jsonl.gz").write_bytes(gzip.compress(records.encode()))
     assert by_kind_table(tmp_path) in report
     one_kind = {
         label: ArmRuns(label, [_arm_run([_program(label, "p", 5.0)], [], 5.0)]) for label in runs
