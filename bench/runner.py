@@ -5,6 +5,7 @@ summary, report and plots."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +45,7 @@ from bench.systems import (
     SystemSpec,
     cleared_toolserve_state,
     engine_settings,
+    ladder_systems,
     scrape_metrics,
     system_catalog,
     with_overrides,
@@ -484,9 +486,10 @@ def _peer_figure_by_round(arm: ArmRuns, rounds: int, name: str) -> list[dict[str
 
 def comparison_pairs(labels: Sequence[str]) -> list[tuple[str, str]]:
     """(reference, system) pairs: every arm against the first (stock vLLM in the
-    default set); toolserve against each of its variants (what the mechanism it
-    lacks is worth); an arm with settings of its own against the first arm of
-    the same system."""
+    default set); toolserve against every other stock arm (the strongest stock
+    setup is not always the first) and each of its variants (what the mechanism
+    it lacks is worth); each rung of the mechanism ladder against the rung below
+    it; an arm with settings of its own against the first arm of the same system."""
     if not labels:
         return []
     reference, *others = labels
@@ -495,8 +498,10 @@ def comparison_pairs(labels: Sequence[str]) -> list[tuple[str, str]]:
         pairs += [
             (label, "toolserve")
             for label in labels
-            if label.startswith("toolserve-") and label != reference
+            if label.startswith(("toolserve-", "stock-")) and label != reference
         ]
+    ladder = [name for name in ("stock-vllm", *ladder_systems(), "toolserve") if name in labels]
+    pairs += list(itertools.pairwise(ladder)) if len(ladder) > 2 else []
     first_of_system: dict[str, str] = {}
     for label in labels:
         first = first_of_system.setdefault(parse_system(label)[0], label)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import itertools
 import json
 import math
 import time
@@ -37,6 +38,7 @@ from bench.systems import (
     bench_redis_url,
     cleared_toolserve_state,
     default_systems,
+    expand_system_names,
     stock_vllm_command,
     system_catalog,
     with_overrides,
@@ -454,10 +456,23 @@ def test_comparisons_pair_every_arm_with_the_first_and_toolserve_with_its_varian
         ("stock-vllm", "toolserve"),
         ("stock-vllm", "toolserve-no-pinning"),
         ("stock-vllm", "toolserve-fixed-ttl"),
+        ("stock-ray-serve-llm", "toolserve"),
         ("toolserve-no-pinning", "toolserve"),
         ("toolserve-fixed-ttl", "toolserve"),
     ]
     assert comparison_pairs(["stock-vllm#A", "stock-vllm#B"]) == [("stock-vllm#A", "stock-vllm#B")]
+    assert ("stock-vllm-plain", "toolserve") in comparison_pairs(
+        ["stock-vllm", "toolserve", "stock-vllm-plain"]
+    )
+
+
+def test_each_ladder_rung_is_compared_with_the_one_below() -> None:
+    labels = expand_system_names(["ladder"])
+    pairs = comparison_pairs(labels)
+    for lower, upper in itertools.pairwise(labels):
+        assert (lower, upper) in pairs
+    assert ("stock-vllm", "toolserve-bare") in pairs
+    assert ("toolserve-bare+gate+fcfs+fixed-ttl+cost-ttl", "toolserve") in pairs
 
 
 def test_an_aa_run_has_one_system_as_two_arms(tmp_path: Path) -> None:
