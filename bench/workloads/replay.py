@@ -47,6 +47,7 @@ from bench.workloads.program import (
     ToolRound,
     TurnRequest,
 )
+from bench.workloads.trace import BFCL_V4_PROFILE, SWE_BENCH_PROFILE
 
 TokenText = Callable[[random.Random, int], str]
 """Text of about the given number of tokens, drawn with the given generator."""
@@ -73,20 +74,20 @@ class ReplayProfile(BaseModel):
 CODING_PROFILE = ReplayProfile(
     name="coding",
     share=1.0,
-    turns=Distribution(kind="normal", mean=10.9, sd=2.1, low=2),
+    turns=SWE_BENCH_PROFILE.turns,
     first_prompt_tokens=1500,
     appended_tokens=Distribution(kind="lognormal", mean=350, sd=400, low=16, high=2500),
     output_tokens=Distribution(kind="lognormal", mean=50, sd=40, low=12, high=300),
-    tool_pause_s=Distribution(kind="lognormal", mean=0.925, sd=3.55),
+    tool_pause_s=SWE_BENCH_PROFILE.tool_latency_s,
 )
 ASSISTANT_PROFILE = ReplayProfile(
     name="assistant",
     share=1.0,
-    turns=Distribution(kind="normal", mean=6.3, sd=2.3, low=2),
+    turns=BFCL_V4_PROFILE.turns,
     first_prompt_tokens=900,
     appended_tokens=Distribution(kind="lognormal", mean=120, sd=80, low=16, high=800),
     output_tokens=Distribution(kind="lognormal", mean=30, sd=20, low=8, high=150),
-    tool_pause_s=Distribution(kind="lognormal", mean=1.923, sd=2.133),
+    tool_pause_s=BFCL_V4_PROFILE.tool_latency_s,
 )
 
 
