@@ -26,6 +26,7 @@ def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.code_checks
 def test_the_code_keeps_its_layers() -> None:
     result = _lint_imports(REPO_ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
