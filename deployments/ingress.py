@@ -31,6 +31,7 @@ from cluster.openai_protocol import (
     RETAIN_FOR_ARG,
     with_predicted_calls,
 )
+from cluster.policies.program_clock import EndedProgram, ProgramClock, turn_bucket
 from cluster.store.pins import ControlOperation, PinningControl, PinStore
 from cluster.store.replicas import EngineState, ReplicaStatus, ReplicaStatusStore
 from cluster.store.response_cache import ResponseCache, StoredReply
@@ -60,7 +61,6 @@ from deployments.model_client import (
 )
 from deployments.model_server import ModelServer, ReplyHead, ReplyTail, is_last_step
 from deployments.openapi_schema import with_request_bodies
-from deployments.program_clock import EndedProgram, ProgramClock, turn_bucket
 from deployments.request_limits import (
     RequestLimits,
     capped_body,

@@ -13,7 +13,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
-from deployments.admission.budget import CellBudget, cell_demand
+from cluster.policies.cell_budget import CellBudget, cell_demand
 from deployments.admission.settings import from_additional_config
 
 

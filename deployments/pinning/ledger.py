@@ -8,8 +8,8 @@ import logging
 import queue
 import threading
 
+from cluster.policies.pinning_controller import LedgerChange
 from cluster.store.pins import LedgerEntry, TtlLedger
-from deployments.pinning.controller import LedgerChange
 
 logger = logging.getLogger("toolserve.pinning.ledger")
 

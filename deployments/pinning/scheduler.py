@@ -24,19 +24,19 @@ from cluster.openai_protocol import (
     PARENT_PROGRAM_ARG,
     RETAIN_FOR_ARG,
 )
-from deployments.admission.scheduler import CellBudgetMixin
-from deployments.kv_offload import kv_bytes_per_token
-from deployments.pinning.controller import Pin, PinningController
-from deployments.pinning.ledger import LedgerPublisher
-from deployments.pinning.plugin import EngineOperation
-from deployments.pinning.settings import EnginePinningSettings
-from deployments.pinning.ttl_policy import (
+from cluster.policies.pinning_controller import Pin, PinningController
+from cluster.policies.ttl_cost_model import (
     OffloadReload,
     PrefillProfile,
     RetentionHint,
     TtlCostModel,
     displaced_share,
 )
+from deployments.admission.scheduler import CellBudgetMixin
+from deployments.kv_offload import kv_bytes_per_token
+from deployments.pinning.ledger import LedgerPublisher
+from deployments.pinning.plugin import EngineOperation
+from deployments.pinning.settings import EnginePinningSettings
 
 logger = logging.getLogger("toolserve.pinning.scheduler")
 

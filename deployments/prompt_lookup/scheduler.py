@@ -15,15 +15,15 @@ from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.request import Request
 
 from cluster.openai_protocol import PREDICTED_CALLS_ARG
-from deployments.admission.scheduler import CellBudgetMixin
-from deployments.pinning.scheduler import PinningSchedulerMixin
-from deployments.prompt_lookup.gate import CallRegions, GateSettings, ProposalGate
-from deployments.prompt_lookup.predicted import (
+from cluster.policies.draft_gate import CallRegions, GateSettings, ProposalGate
+from cluster.policies.predicted_drafts import (
     PredictedCallDrafter,
     PredictedCallTokens,
     PredictedDraft,
     predicted_call_text,
 )
+from deployments.admission.scheduler import CellBudgetMixin
+from deployments.pinning.scheduler import PinningSchedulerMixin
 from deployments.prompt_lookup.settings import from_additional_config
 
 # A request's predicted calls are tokenized in the scheduler's loop: bounded.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deployments.admission.budget import CellBudget, cell_demand
+from cluster.policies.cell_budget import CellBudget, cell_demand
 
 
 def test_demand_is_the_uncached_prompt_and_the_output_counted() -> None:

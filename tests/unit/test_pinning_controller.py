@@ -1,5 +1,5 @@
-from deployments.pinning.controller import NO_TOOL_CALL, LedgerChange, PinningController
-from deployments.pinning.ttl_policy import RetentionHint, TtlCostModel
+from cluster.policies.pinning_controller import NO_TOOL_CALL, LedgerChange, PinningController
+from cluster.policies.ttl_cost_model import RetentionHint, TtlCostModel
 
 
 def controller(

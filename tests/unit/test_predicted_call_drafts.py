@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 
 from cluster.config import PromptLookupConfig, load_config
 from cluster.models import EMBEDDED_SCHEME, SMOLLM2, resolve_model
-from deployments.prompt_lookup.predicted import (
+from cluster.policies.predicted_drafts import (
     PredictedCallDrafter,
     PredictedCallTokens,
     predicted_call_text,

@@ -3,7 +3,7 @@ a program's end by last step, DELETE, idleness or eviction."""
 
 from __future__ import annotations
 
-from deployments.program_clock import EndedProgram, ProgramClock, turn_bucket
+from cluster.policies.program_clock import EndedProgram, ProgramClock, turn_bucket
 
 
 def test_turns_are_counted_and_a_last_step_ends_the_program() -> None:

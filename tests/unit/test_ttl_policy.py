@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from deployments.pinning.ttl_policy import (
+from cluster.policies.ttl_cost_model import (
     OffloadReload,
     PrefillProfile,
     TtlCostModel,

@@ -1,8 +1,9 @@
 """Pinning policy: which finished turns keep their KV, for how long, and who lets go.
 
 Pure bookkeeping over opaque block handles and explicit timestamps; the vLLM
-scheduler extension (`scheduler.py`) takes and drops the block references this
-class decides on, so the policy is tested without an engine.
+scheduler extension (`deployments/engine/pinning/scheduler.py`) takes and drops
+the block references this class decides on, so the policy is tested without an
+engine.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from deployments.pinning.ttl_policy import RetentionHint, TtlCostModel
+from cluster.policies.ttl_cost_model import RetentionHint, TtlCostModel
 
 # Turns that end without a tool call are a class of their own for the cost model:
 # agents often go on after them (a truncated or unusable reply, a nudge, a new
