@@ -1,14 +1,16 @@
-"""The README's benchmark tables, generated from recorded runs' summaries
-(`toolserve bench-table RUN...`), so the README cannot drift from the runs.
+"""The benchmark tables of the README and the docs, generated from recorded runs'
+summaries (`toolserve bench-table RUN...`), so no page can drift from the runs.
 
-In the README a generated table sits between `<!-- bench-table RUN... -->` and
-`<!-- /bench-table -->`; a unit test regenerates every such block and compares.
+On a page a generated table sits between `<!-- bench-table RUN... -->` and
+`<!-- /bench-table -->`; a unit test regenerates every such block for its page
+and compares (`toolserve bench-table --update PAGE` rewrites them).
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +22,8 @@ from bench.runner import jct_ratio_by_agent_type
 from bench.stats import Interval
 from bench.workloads.hot_path import ADDED
 
+# Where a table's links start from unless told otherwise: the repository's root.
+README = Path("README.md")
 BLOCK = re.compile(
     r"<!-- bench-table (?P<runs>[^>]*?) -->\n(?P<body>.*?)<!-- /bench-table -->", re.DOTALL
 )
@@ -77,20 +81,22 @@ def _milliseconds(work: dict[str, Any], name: str) -> str:
     return "n/a" if mean is None else f"{mean:.2f}"
 
 
-def _run_cell(run_dir: Path, summary: dict[str, Any]) -> str:
+def _run_cell(run_dir: Path, summary: dict[str, Any], page: Path) -> str:
     provenance = summary["provenance"]
     commit = (provenance["commit"] or "unknown")[:8] + (" dirty" if provenance["dirty"] else "")
+    report = Path(os.path.relpath(run_dir / "report.md", page.parent)).as_posix()
     return (
-        f"[{run_dir.name}]({run_dir.as_posix()}/report.md) ({summary['workload']}, "
+        f"[{run_dir.name}]({report}) ({summary['workload']}, "
         f"{summary['size']}, {summary['rounds']} rounds, `{commit}`)"
     )
 
 
-def bench_table(runs: Sequence[Path], root: Path = Path()) -> str:
+def bench_table(runs: Sequence[Path], root: Path = Path(), page: Path = README) -> str:
     """Markdown: each run's comparisons (ratio of mean JCT with its interval and
     verdict; where AIPerf drove the load, its own request-latency ratio beside it)
-    and each system's work per round. `runs` are paths relative to
-    `root` (the README's folder), as the links show them."""
+    and each system's work per round. `runs` are paths relative to `root` (the
+    repository), and the links to their reports are relative to `page` (a path
+    relative to `root` too), so they resolve from the page the table is on."""
     comparisons = [
         "| run | system | reference | mean JCT ratio [95% CI] | verdict "
         "| less client stalls [95% CI] | AIPerf's request latency ratio [95% CI] |",
@@ -107,7 +113,7 @@ def bench_table(runs: Sequence[Path], root: Path = Path()) -> str:
     ]
     for run_dir in runs:
         summary = _load(root / run_dir)
-        run = _run_cell(run_dir, summary)
+        run = _run_cell(run_dir, summary, page)
         for entry in summary["comparisons"]:
             for figure, value in (entry.get("hot_path") or {}).items():
                 hot_path.append(
@@ -158,14 +164,29 @@ def _hot_path_verdict(value: dict[str, Any]) -> str:
     return "above" if interval.low > neutral else "below"
 
 
-def stale_blocks(markdown: str, root: Path) -> list[str]:
+def _block_table(block: re.Match[str], root: Path, page: Path) -> str:
+    return bench_table([Path(run) for run in block["runs"].split()], root, page)
+
+
+def stale_blocks(markdown: str, root: Path, page: Path = README) -> list[str]:
     """The runs of every generated block whose text differs from what the runs'
-    summaries give now."""
-    stale = []
-    for block in BLOCK.finditer(markdown):
-        if block["body"] != bench_table([Path(run) for run in block["runs"].split()], root):
-            stale.append(block["runs"])
-    return stale
+    summaries give now, rendered for `page` (relative to `root`)."""
+    return [
+        block["runs"]
+        for block in BLOCK.finditer(markdown)
+        if block["body"] != _block_table(block, root, page)
+    ]
+
+
+def updated_blocks(markdown: str, root: Path, page: Path = README) -> str:
+    """`markdown` with every generated block rendered again for `page`."""
+    return BLOCK.sub(
+        lambda block: (
+            f"<!-- bench-table {block['runs']} -->\n"
+            f"{_block_table(block, root, page)}<!-- /bench-table -->"
+        ),
+        markdown,
+    )
 
 
 def cited_runs(markdown: str) -> list[str]:

@@ -12,7 +12,7 @@ from ray.serve.config import BackpressureConfig, RequestRouterConfig
 from cluster.config import ModelDeploymentConfig, RoutingConfig, ToolserveConfig
 from cluster.models import resolve_model
 from deployments.ingress import ModelServerArgs, OpenAIIngress
-from deployments.replica.model_server import ModelServer
+from deployments.model_server import ModelServer
 from deployments.request_limits import RequestLimits
 from deployments.tenants import ApiKeys, Tenancy
 from toolworkers.workers import ToolWorker

@@ -44,6 +44,7 @@ from deployments.agent_hints import (
     parse_sglang_open,
     read_agent_hints,
 )
+from deployments.continuation import TurnContext
 from deployments.errors import (
     ApiError,
     RequestRejected,
@@ -58,8 +59,8 @@ from deployments.model_client import (
     ReplyStream,
     reply_head,
 )
+from deployments.model_server import ModelServer, ReplyHead, ReplyTail, is_last_step
 from deployments.openapi_schema import with_request_bodies
-from deployments.replica.model_server import ModelServer
 from deployments.request_limits import (
     RequestLimits,
     capped_body,
@@ -86,7 +87,6 @@ from deployments.tool_api import (
     parse_tool_state,
     pop_turn_options,
 )
-from deployments.turn import ReplyHead, ReplyTail, TurnContext, is_last_step
 from router.prefix import conversation_key
 from toolworkers.cache_keys import ArgumentsError, normalized_arguments
 from toolworkers.predictor import ObservedCall

@@ -8,15 +8,14 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from deployments.replica.model_server import ModelServer
-from deployments.turn import ReplyHead, ReplyTail
+from deployments.model_server import ModelServer, ReplyHead, ReplyTail
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
     from cluster.store.replicas import ReplicaStatus
-    from deployments.turn import TurnContext
+    from deployments.continuation import TurnContext
 
 Reply = ReplyHead | str | ReplyTail
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cluster.config import SpeculationConfig
+from deployments.continuation import declared_hosted_tools
 from deployments.model_client import reply_head
-from deployments.replica.continuation import declared_hosted_tools
 from router.prefix import shared_prefix_key
 from toolworkers.execution import ToolExecutor
 from toolworkers.metrics import SPECULATION_ORIGIN_PREFIX

@@ -111,10 +111,17 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _bench_table(args: argparse.Namespace) -> int:
-    from bench.tables import bench_table, by_kind_table
+    from bench.tables import bench_table, by_kind_table, updated_blocks
 
+    if not args.runs and args.update is None:
+        _log("error: name the runs, or a page to --update")
+        return 2
     try:
-        if args.by_kind:
+        if args.update is not None:
+            page = args.update.read_text()
+            args.update.write_text(updated_blocks(page, Path(), args.update))
+            _log(f"{args.update}: bench-table blocks regenerated")
+        elif args.by_kind:
             named = len(args.runs) > 1
             print(
                 "\n\n".join(
@@ -122,10 +129,21 @@ def _bench_table(args: argparse.Namespace) -> int:
                 )
             )
         else:
-            print(bench_table(args.runs), end="")
+            print(bench_table(args.runs, Path(), args.page), end="")
     except (OSError, ValueError) as error:
         _log(f"error: {error}")
         return 2
+    return 0
+
+
+def _config_reference(args: argparse.Namespace) -> int:
+    from cluster.launch.config_reference import REFERENCE_PAGE, config_reference
+
+    if args.stdout:
+        print(config_reference(), end="")
+        return 0
+    REFERENCE_PAGE.write_text(config_reference())
+    _log(f"{REFERENCE_PAGE}: written")
     return 0
 
 
@@ -322,9 +340,22 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(run=_bench)
 
     table = commands.add_parser(
-        "bench-table", help="print the README's benchmark tables from recorded runs"
+        "bench-table", help="print the documentation's benchmark tables from recorded runs"
     )
-    table.add_argument("runs", nargs="+", type=Path, help="run folders under bench/results")
+    table.add_argument("runs", nargs="*", type=Path, help="run folders under bench/results")
+    table.add_argument(
+        "--page",
+        type=Path,
+        default=Path("README.md"),
+        help="the page the table goes on (from the repository's root): links to the runs' "
+        "reports are made relative to it (default: README.md)",
+    )
+    table.add_argument(
+        "--update",
+        type=Path,
+        metavar="PAGE",
+        help="regenerate every bench-table block of PAGE in place, its links relative to PAGE",
+    )
     table.add_argument(
         "--by-kind",
         action="store_true",
@@ -381,6 +412,14 @@ def build_parser() -> argparse.ArgumentParser:
     scrape.add_argument("--port", type=int, help="HTTP port (default: a free one)")
     scrape.add_argument("--scrape-interval", type=float, default=5, help="seconds")
     dashboards.set_defaults(run=_dashboards)
+
+    reference = commands.add_parser(
+        "config-reference",
+        help="write docs/configuration-reference.md: every field of the profile model "
+        "(type, default, description), generated from cluster/config.py",
+    )
+    reference.add_argument("--stdout", action="store_true", help="print it instead")
+    reference.set_defaults(run=_config_reference)
 
     check = commands.add_parser("check-config", help="validate deployment profiles")
     check.add_argument("paths", nargs="+", type=Path)

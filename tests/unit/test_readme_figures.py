@@ -1,6 +1,7 @@
-"""The README's performance figures are the recorded ones: every generated table
-equals what its runs' summaries give, every cited run was recorded from a clean
-tree, and the benchmark section states no figure outside generated tables."""
+"""The performance figures of the README and the docs are the recorded ones:
+every generated table equals what its runs' summaries give (its links rendered
+for the page it is on), every cited run was recorded from a clean tree, and the
+pages about benchmarks state no figure outside generated tables."""
 
 from __future__ import annotations
 
@@ -10,36 +11,58 @@ from pathlib import Path
 
 import pytest
 
-from bench.tables import bench_table, cited_runs, stale_blocks
+from bench.tables import BLOCK, bench_table, cited_runs, stale_blocks, updated_blocks
 from cluster.config import REPO_ROOT
 
-README = REPO_ROOT / "README.md"
+README = Path("README.md")
+# Every page with a generated table, as a path from the repository's root.
+PAGES_WITH_TABLES = [
+    README,
+    *sorted(
+        page.relative_to(REPO_ROOT)
+        for page in (REPO_ROOT / "docs").rglob("*.md")
+        if BLOCK.search(page.read_text())
+    ),
+]
 # A decimal figure with a unit: 1.30x, 1.3 times (the sign), 93.6%, 103.6 s.
 FIGURE = re.compile("\\d+\\.\\d+\\s*(x\\b|\u00d7|%|s\\b)")
 
 
-def _benchmark_section(markdown: str) -> str:
-    start = markdown.index("## Benchmarks")
+def _prose_about_results(page: Path) -> str:
+    """The README's results section, or a whole docs page of benchmark results."""
+    markdown = (REPO_ROOT / page).read_text()
+    if page != README:
+        return markdown
+    start = markdown.index("## Results")
     end = markdown.find("\n## ", start + 1)
     return markdown[start : end if end != -1 else len(markdown)]
 
 
-def test_every_generated_table_matches_its_runs() -> None:
-    markdown = README.read_text()
-    assert cited_runs(markdown), "the README cites no recorded run"
-    assert stale_blocks(markdown, REPO_ROOT) == [], "regenerate with `toolserve bench-table RUN...`"
+def test_the_recorded_runs_and_benchmarks_pages_have_generated_tables() -> None:
+    assert Path("docs/recorded-runs.md") in PAGES_WITH_TABLES
+    assert README in PAGES_WITH_TABLES
 
 
-def test_cited_runs_were_recorded_from_a_clean_tree() -> None:
-    for run in cited_runs(README.read_text()):
+@pytest.mark.parametrize("page", PAGES_WITH_TABLES, ids=str)
+def test_every_generated_table_matches_its_runs(page: Path) -> None:
+    markdown = (REPO_ROOT / page).read_text()
+    assert cited_runs(markdown), f"{page} cites no recorded run"
+    assert stale_blocks(markdown, REPO_ROOT, page) == [], (
+        f"regenerate with `toolserve bench-table --update {page}`"
+    )
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_TABLES, ids=str)
+def test_cited_runs_were_recorded_from_a_clean_tree(page: Path) -> None:
+    for run in cited_runs((REPO_ROOT / page).read_text()):
         provenance = json.loads((REPO_ROOT / run / "summary.json").read_text())["provenance"]
         assert provenance["commit"] and not provenance["dirty"], run
         assert not provenance["code_changed_during_run"], run
 
 
-def test_the_benchmark_section_states_figures_only_in_generated_tables() -> None:
-    section = _benchmark_section(README.read_text())
-    prose = re.sub(r"<!-- bench-table .*?<!-- /bench-table -->", "", section, flags=re.DOTALL)
+@pytest.mark.parametrize("page", [*PAGES_WITH_TABLES, Path("docs/benchmarks.md")], ids=str)
+def test_results_are_stated_only_in_generated_tables(page: Path) -> None:
+    prose = BLOCK.sub("", _prose_about_results(page))
     assert FIGURE.findall(prose) == [], [m.group(0) for m in FIGURE.finditer(prose)]
 
 
@@ -91,6 +114,22 @@ def test_a_figure_that_differs_from_its_run_is_caught(tmp_path: Path) -> None:
     assert stale_blocks(readme.replace("1.25x", "1.30x"), tmp_path) == [str(run)]
     (tmp_path / run / "summary.json").write_text(json.dumps(_summary(0.95)))
     assert stale_blocks(readme, tmp_path) == [str(run)]
+
+
+def test_a_table_links_its_runs_from_the_page_it_is_on(tmp_path: Path) -> None:
+    run = Path("bench/results/run-1")
+    (tmp_path / run).mkdir(parents=True)
+    (tmp_path / run / "summary.json").write_text(json.dumps(_summary(1.25)))
+    page = Path("docs/recorded-runs.md")
+    table = bench_table([run], tmp_path, page)
+    assert "[run-1](../bench/results/run-1/report.md)" in table
+    on_the_readme = (
+        f"<!-- bench-table {run} -->\n{bench_table([run], tmp_path)}<!-- /bench-table -->"
+    )
+    assert stale_blocks(on_the_readme, tmp_path, page) == [str(run)]
+    moved = updated_blocks(f"# Runs\n\n{on_the_readme}\n\nprose\n", tmp_path, page)
+    assert moved == f"# Runs\n\n<!-- bench-table {run} -->\n{table}<!-- /bench-table -->\n\nprose\n"
+    assert stale_blocks(moved, tmp_path, page) == []
 
 
 def test_runs_recorded_before_intervals_cannot_be_cited(tmp_path: Path) -> None:

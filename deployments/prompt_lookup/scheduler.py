@@ -2,8 +2,8 @@
 request writing a tool call with the continuation of a call its turn predicted
 (when one matches), cuts each decoding request's drafts to the length
 `ProposalGate` allows, and feeds the gate each request's verified acceptance.
-Mixed in before the pinning mixin or vLLM's Scheduler (`engine/schedulers.py`),
-which vLLM loads by name inside the EngineCore process (`scheduler_cls`)."""
+Loaded by name inside the EngineCore process (`scheduler_cls`), mixed in before
+the pinning mixin or vLLM's Scheduler."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ from cluster.policies.predicted_drafts import (
     PredictedDraft,
     predicted_call_text,
 )
-from deployments.engine.prompt_lookup.settings import from_additional_config
+from deployments.admission.scheduler import CellBudgetMixin
+from deployments.pinning.scheduler import PinningSchedulerMixin
+from deployments.prompt_lookup.settings import from_additional_config
 
 # A request's predicted calls are tokenized in the scheduler's loop: bounded.
 _MOST_PREDICTED_CALLS = 8
@@ -209,3 +211,16 @@ class PromptLookupGateMixin:
 
     def prompt_lookup_stats(self) -> dict[str, object]:
         return self._gate.take_stats().as_dict()
+
+
+class GatedScheduler(PromptLookupGateMixin, CellBudgetMixin, Scheduler):  # type: ignore[misc]
+    pass
+
+
+class GatedPinningScheduler(
+    PromptLookupGateMixin,
+    PinningSchedulerMixin,
+    CellBudgetMixin,
+    Scheduler,  # type: ignore[misc]
+):
+    pass

@@ -2,8 +2,7 @@
 while the program's tool runs, orders waiting requests by program arrival, and
 unpins later programs when the waiting head cannot get its blocks.
 
-Composed in `engine/schedulers.py`, which vLLM loads by name inside the
-EngineCore process (`scheduler_cls`); the policy lives
+Loaded by name inside the EngineCore process (`scheduler_cls`); the policy lives
 in `PinningController`, this module only takes and drops block references.
 """
 
@@ -14,6 +13,7 @@ import math
 import time
 from typing import Any
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
@@ -32,10 +32,11 @@ from cluster.policies.ttl_cost_model import (
     TtlCostModel,
     displaced_share,
 )
-from deployments.engine.kv_offload import kv_bytes_per_token
-from deployments.engine.pinning.ledger import LedgerPublisher
-from deployments.engine.pinning.settings import EnginePinningSettings
-from deployments.engine.plugin import EngineOperation
+from deployments.admission.scheduler import CellBudgetMixin
+from deployments.kv_offload import kv_bytes_per_token
+from deployments.pinning.ledger import LedgerPublisher
+from deployments.pinning.plugin import EngineOperation
+from deployments.pinning.settings import EnginePinningSettings
 
 logger = logging.getLogger("toolserve.pinning.scheduler")
 
@@ -271,3 +272,11 @@ def _retention_hint(extra_args: dict[str, Any]) -> RetentionHint | None:
         retain_for_s=None if retain_for_s is None else float(retain_for_s),
         expected_tool_s=None if expected_tool_s is None else float(expected_tool_s),
     )
+
+
+class PinningScheduler(PinningSchedulerMixin, CellBudgetMixin, Scheduler):  # type: ignore[misc]
+    pass
+
+
+class PinningAsyncScheduler(PinningSchedulerMixin, CellBudgetMixin, AsyncScheduler):  # type: ignore[misc]
+    pass

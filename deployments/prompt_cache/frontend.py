@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from cluster.config import TokenizeCacheConfig
-from deployments.replica.prompt_cache.tokens import JoinAudit, PrefixTokenCache
+from deployments.prompt_cache.tokens import JoinAudit, PrefixTokenCache
 
 if TYPE_CHECKING:
     from vllm.inputs import TextPrompt, TokensPrompt

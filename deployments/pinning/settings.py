@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import Field
 
 from cluster.config import PinningConfig
-from deployments.engine.additional_config import carried, read
+from deployments.additional_config import carried, read
 
 ADDITIONAL_CONFIG_KEY = "toolserve_pinning"
 

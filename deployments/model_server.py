@@ -15,27 +15,28 @@ import logging
 import os
 from argparse import Namespace
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cluster.config import ModelDeploymentConfig, ToolsConfig
-from cluster.openai_protocol import StreamedReply, ToolCallDeltas
+from cluster.openai_protocol import LAST_STEP_ARG, ModelToolCall, StreamedReply, ToolCallDeltas
 from cluster.store.replicas import EngineState, ReplicaStatus, ReplicaStatusStore
-from deployments.engine.pinning.settings import EnginePinningSettings
-from deployments.engine.plugin import PREDICTED_CALLS_METHOD
-from deployments.engine.setup import create_engine_config
-from deployments.errors import ApiError, engine_not_ready
-from deployments.replica.admission import export_admission_stats
-from deployments.replica.continuation import (
+from deployments.admission.replica import export_admission_stats
+from deployments.continuation import (
     Continuation,
+    TurnContext,
     continuation_possible,
     declared_hosted_tools,
     stops_invalid_calls,
 )
-from deployments.replica.pinning import EnginePinning, tool_called
-from deployments.replica.prompt_cache.frontend import install_prompt_preparation
-from deployments.replica.prompt_lookup import export_prompt_lookup_stats
-from deployments.turn import ReplyHead, ReplyTail, TurnContext, is_last_step
+from deployments.engine_setup import create_engine_config
+from deployments.errors import ApiError, engine_not_ready
+from deployments.pinning.plugin import PREDICTED_CALLS_METHOD
+from deployments.pinning.replica import EnginePinning, tool_called
+from deployments.pinning.settings import EnginePinningSettings
+from deployments.prompt_cache.frontend import install_prompt_preparation
+from deployments.prompt_lookup.replica import export_prompt_lookup_stats
 from toolworkers.call_stream import CALL_CLOSING_MARKERS
 
 if TYPE_CHECKING:
@@ -54,6 +55,24 @@ logger = logging.getLogger("toolserve.model_server")
 _STATUS_PERIOD_S = 5.0
 ENGINE_DIED_DETAIL = "the engine core process died; Ray Serve replaces this replica (retry shortly)"
 _STATUS_TTL_S = 15.0
+
+
+@dataclass(frozen=True)
+class ReplyTail:
+    """Last item of a streamed chat reply: every call it made (those the server
+    ran, then the reply's own), so the stream is parsed once, here."""
+
+    tool_calls: list[ModelToolCall]
+
+
+@dataclass(frozen=True)
+class ReplyHead:
+    """First item of every chat reply: how the ingress should answer."""
+
+    replica_id: str
+    streaming: bool
+    body: dict[str, Any] | None = None
+    error: ApiError | None = None
 
 
 class ModelServer:
@@ -232,7 +251,7 @@ class ModelServer:
         """Serve one chat completion (validated by the caller); yields a ReplyHead,
         then, if streaming, SSE chunks and, when the turn wants its calls, a ReplyTail.
         With a `turn` allowing it, tool calls the server can answer are answered
-        and the turn continues here (`replica/continuation.py`)."""
+        and the turn continues here (deployments/continuation.py)."""
         state, detail = self._readiness()
         if state is not EngineState.READY or self._serving_chat is None:
             yield ReplyHead(self._replica_id, streaming=False, error=engine_not_ready(detail))
@@ -480,6 +499,12 @@ def _ended_at_its_call(
     ):
         return request
     return request.model_copy(update={"stop": [call_closing], "include_stop_str_in_output": True})
+
+
+def is_last_step(request: ChatCompletionRequest) -> bool:
+    """The client (or the ingress, for a turn without a session) marked the turn
+    its program's last."""
+    return bool(request.vllm_xargs and request.vllm_xargs.get(LAST_STEP_ARG))
 
 
 @functools.cache

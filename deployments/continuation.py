@@ -36,7 +36,6 @@ from cluster.openai_protocol import (
     with_executed_messages,
 )
 from deployments.errors import ApiError
-from deployments.turn import TurnContext
 from toolworkers.call_stream import (
     ArgumentCompleted,
     CallEvent,
@@ -58,6 +57,19 @@ logger = logging.getLogger("toolserve.continuation")
 # answering a call leave the choice to the model. `response_format`, the shape
 # of the final answer, stays.
 _FIRST_ROUND_ONLY = ("tool_choice", "structured_outputs")
+
+
+@dataclass(frozen=True)
+class TurnContext:
+    """What the ingress knows about a turn beyond its body."""
+
+    tenant: str
+    execute_tools: bool
+    wants_calls: bool = False
+    """A streamed reply ends with a `ReplyTail` of its calls (the ingress is settling
+    a speculation against them); otherwise nobody reads them."""
+    stop_invalid_calls: bool | None = None
+    """The request's own choice; None: the deployment's."""
 
 
 def stops_invalid_calls(turn: TurnContext, config: ContinuationConfig) -> bool:

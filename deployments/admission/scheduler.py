@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 from cluster.policies.cell_budget import CellBudget, cell_demand
-from deployments.engine.admission.settings import from_additional_config
+from deployments.admission.settings import from_additional_config
 
 
 class CellBudgetMixin:
@@ -87,3 +88,11 @@ class CellBudgetMixin:
     def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         self._admitted.pop(request.request_id, None)
         return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
+
+
+class AdmissionScheduler(CellBudgetMixin, Scheduler):  # type: ignore[misc]
+    pass
+
+
+class AdmissionAsyncScheduler(CellBudgetMixin, AsyncScheduler):  # type: ignore[misc]
+    pass

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from cluster.openai_protocol import reply_tool_calls
 from cluster.policies.ttl_cost_model import PrefillProfile
 from cluster.store.pins import PinStore
-from deployments.engine.plugin import UTILITY_METHOD, EngineOperation
-from deployments.replica.engine_stats import poll_engine_stats
+from deployments.engine_stats import poll_engine_stats
+from deployments.pinning.plugin import UTILITY_METHOD, EngineOperation
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM

@@ -9,12 +9,14 @@ import os
 from typing import Any
 
 from cluster.config import AdmissionConfig, KvOffloadConfig, PromptLookupConfig
-from deployments.engine import kv_offload as kv_offload_settings
-from deployments.engine.admission import settings as admission_settings
-from deployments.engine.pinning.settings import EnginePinningSettings
-from deployments.engine.prompt_lookup import settings as prompt_lookup_settings
+from deployments import kv_offload as kv_offload_settings
+from deployments.admission import settings as admission_settings
+from deployments.pinning.settings import EnginePinningSettings
+from deployments.prompt_lookup import settings as prompt_lookup_settings
 
-_SCHEDULERS = "deployments.engine.schedulers"
+_PINNING_SCHEDULERS = "deployments.pinning.scheduler"
+_GATED_SCHEDULERS = "deployments.prompt_lookup.scheduler"
+_ADMISSION_SCHEDULERS = "deployments.admission.scheduler"
 
 
 def engine_arguments(
@@ -106,9 +108,9 @@ def scheduler_class(
     """The toolserve scheduler that carries what is on; None: vLLM's own."""
     prefix = "Async" if asynchronous else ""
     if gated:
-        return f"{_SCHEDULERS}.{'GatedPinningScheduler' if pinning_on else 'GatedScheduler'}"
+        return f"{_GATED_SCHEDULERS}.{'GatedPinningScheduler' if pinning_on else 'GatedScheduler'}"
     if pinning_on:
-        return f"{_SCHEDULERS}.Pinning{prefix}Scheduler"
+        return f"{_PINNING_SCHEDULERS}.Pinning{prefix}Scheduler"
     if admitting:
-        return f"{_SCHEDULERS}.Admission{prefix}Scheduler"
+        return f"{_ADMISSION_SCHEDULERS}.Admission{prefix}Scheduler"
     return None

@@ -6,8 +6,8 @@ The join is exact because the cache only ever splits a prompt where one of the
 tokenizer's special tokens starts (a chat template's turn marker, such as
 `<|im_start|>`): a tokenizer cuts its input at special tokens before anything
 else, so the ids of the text before a special token do not depend on the text
-after it. Which tokens qualify is the adapter's call (`frontend.py`
-beside it), and `JoinAudit` checks joins against a full tokenization.
+after it. Which tokens qualify is the adapter's call (`deployments/prompt_cache/
+frontend.py`), and `JoinAudit` checks joins against a full tokenization.
 """
 
 from __future__ import annotations

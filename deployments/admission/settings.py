@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.config import AdmissionConfig
-from deployments.engine.additional_config import carried, read
+from deployments.additional_config import carried, read
 
 ADDITIONAL_CONFIG_KEY = "toolserve_admission"
 

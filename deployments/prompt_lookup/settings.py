@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from cluster.config import PromptLookupConfig
-from deployments.engine.additional_config import carried, read
+from deployments.additional_config import carried, read
 
 ADDITIONAL_CONFIG_KEY = "toolserve_prompt_lookup"
 

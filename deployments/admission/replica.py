@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from deployments.engine.plugin import ADMISSION_STATS_METHOD
-from deployments.replica.engine_stats import poll_engine_stats
+from deployments.engine_stats import poll_engine_stats
+from deployments.pinning.plugin import ADMISSION_STATS_METHOD
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM

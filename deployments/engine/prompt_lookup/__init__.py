@@ -1,2 +1,0 @@
-"""Prompt-lookup drafts inside vLLM's engine: gated per request, drafted from predicted
-calls."""
