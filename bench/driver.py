@@ -7,91 +7,25 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
 from openai import APIError, AsyncOpenAI
 from tqdm import tqdm
 
+from bench.records import (
+    ClientStall,
+    ProgramRecord,
+    RequestRecord,
+    RunResult,
+    program_record,
+    request_record,
+)
 from bench.workloads.program import AgentProgram, Reply, ToolCall, ToolOutcome, TurnRequest
 from cluster.openai_protocol import ToolCallDeltas, executed_messages
 from toolworkers.client import SpeculativeToolClient
 
 _REQUEST_TIMEOUT_S = 900.0
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    """One model request, as the agent saw it."""
-
-    system: str
-    repeat: int
-    program_id: str
-    agent_type: str
-    turn_index: int
-    sent_s: float
-    latency_s: float
-    prompt_tokens: int
-    cached_tokens: int | None
-    completion_tokens: int
-    finish_reason: str | None
-    tool_calls: int
-    unusable_calls: int
-    tool_latency_s: float
-    error: str | None = None
-    replica: str | None = None
-    first_result_s: float | None = None
-    """Seconds from sending to the first tool result the server ran (streamed
-    replies); for a call the server rejected, when its error came."""
-
-    def as_json(self) -> dict[str, Any]:
-        return {"kind": "request", **asdict(self)}
-
-
-@dataclass(frozen=True)
-class ProgramRecord:
-    """One agent program from its arrival to its last reply."""
-
-    system: str
-    repeat: int
-    program_id: str
-    agent_type: str
-    arrival_s: float
-    finished_s: float
-    jct_s: float
-    turns: int
-    tool_time_s: float
-    calls: int
-    unusable_calls: int
-    error: str | None = None
-
-    def as_json(self) -> dict[str, Any]:
-        return {"kind": "program", **asdict(self)}
-
-
-@dataclass(frozen=True)
-class ClientStall:
-    """A moment the benchmark client itself was late: its event loop woke late
-    (`loop`) or a thread-pool call waited to start (`threads`). Time lost here
-    shows up in every latency the client measures, whatever the system did."""
-
-    system: str
-    repeat: int
-    at_s: float
-    lag_s: float
-    where: str
-
-    def as_json(self) -> dict[str, Any]:
-        return {"kind": "client_stall", **asdict(self)}
-
-
-@dataclass(frozen=True)
-class RunResult:
-    requests: list[RequestRecord]
-    programs: list[ProgramRecord]
-    wall_s: float
-    stalls: list[ClientStall] = field(default_factory=list)
 
 
 STALL_PROBE_INTERVAL_S = 0.25
@@ -301,7 +235,18 @@ class Driver:
                 reply, ready = await self.complete(program, request, session_id)
             except APIError as failure:
                 error = f"{type(failure).__name__}: {failure}"[:500]
-                requests.append(self._record(program, sent, started, None, None, error))
+                requests.append(
+                    request_record(
+                        self._system,
+                        self._repeat,
+                        program,
+                        sent - started,
+                        time.monotonic() - sent,
+                        None,
+                        None,
+                        error,
+                    )
+                )
                 break
             latency = time.monotonic() - sent
             tool_round = await program.act(request, reply, ready)
@@ -309,22 +254,26 @@ class Driver:
             calls += tool_round.calls
             unusable += tool_round.unusable_calls
             requests.append(
-                self._record(program, sent, started, reply, tool_round, None, latency=latency)
+                request_record(
+                    self._system,
+                    self._repeat,
+                    program,
+                    sent - started,
+                    latency,
+                    reply,
+                    tool_round,
+                    None,
+                )
             )
-        finished = time.monotonic() - started
-        return ProgramRecord(
-            system=self._system,
-            repeat=self._repeat,
-            program_id=program.program_id,
-            agent_type=program.agent_type,
-            arrival_s=program.arrival_s,
-            finished_s=finished,
-            jct_s=finished - program.arrival_s,
-            turns=program.turns_sent,
-            tool_time_s=tool_time,
-            calls=calls,
-            unusable_calls=unusable,
-            error=error,
+        return program_record(
+            self._system,
+            self._repeat,
+            program,
+            time.monotonic() - started,
+            tool_time,
+            calls,
+            unusable,
+            error,
         )
 
     async def _set_tool_state(self, program: AgentProgram, session_id: str) -> None:
@@ -334,36 +283,6 @@ class Driver:
             await self._client.put(
                 f"/sessions/{session_id}/tool-state/{slot}", body=scenario, cast_to=httpx.Response
             )
-
-    def _record(
-        self,
-        program: AgentProgram,
-        sent: float,
-        started: float,
-        reply: Reply | None,
-        tool_round: Any,
-        error: str | None,
-        latency: float | None = None,
-    ) -> RequestRecord:
-        return RequestRecord(
-            system=self._system,
-            repeat=self._repeat,
-            program_id=program.program_id,
-            agent_type=program.agent_type,
-            turn_index=program.turns_sent - 1,
-            sent_s=sent - started,
-            latency_s=latency if latency is not None else time.monotonic() - sent,
-            prompt_tokens=reply.prompt_tokens if reply else 0,
-            cached_tokens=reply.cached_tokens if reply else None,
-            completion_tokens=reply.completion_tokens if reply else 0,
-            finish_reason=reply.finish_reason if reply else None,
-            tool_calls=len(reply.tool_calls) if reply else 0,
-            unusable_calls=tool_round.unusable_calls if tool_round else 0,
-            tool_latency_s=tool_round.latency_s if tool_round else 0.0,
-            error=error,
-            replica=reply.replica if reply else None,
-            first_result_s=reply.first_result_s if reply else None,
-        )
 
 
 async def run_workload(

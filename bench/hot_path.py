@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from openai import APIError, AsyncOpenAI, omit
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
-from bench.driver import ProgramRecord, RequestRecord, RunResult
+from bench.records import ProgramRecord, RequestRecord, RunResult
 from bench.workloads.hot_path import (
     AGENT_TYPE,
     BURST,

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bench.driver import ClientStall, ProgramRecord, RequestRecord
+from bench.records import ClientStall, ProgramRecord, RequestRecord
 
 if TYPE_CHECKING:
     from prometheus_client.samples import Sample

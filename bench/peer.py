@@ -20,7 +20,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from bench.driver import ProgramRecord, RequestRecord, RunResult
+from bench.records import ProgramRecord, RequestRecord, RunResult
 from bench.workloads.aiperf import AGENT_TYPE, AiperfWorkload
 from cluster.config import REPO_ROOT
 

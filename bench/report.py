@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.driver import STALL_THRESHOLD_S, ProgramRecord, RequestRecord
+from bench.driver import STALL_THRESHOLD_S
+from bench.markdown import markdown_table
 from bench.metrics import (
     BASELINE,
     latency_by_turn_index,
@@ -16,6 +17,7 @@ from bench.metrics import (
     mean_tool_latency_by_program,
     time_saved_by_tool_latency,
 )
+from bench.records import RECORDS_FILE, ProgramRecord, RequestRecord
 from bench.workloads.hot_path import ADDED
 
 PLOTS = {
@@ -154,17 +156,16 @@ def _time_saved_by_agent_type(summary: dict[str, Any]) -> list[str]:
     if not table or not table["systems"]:
         return []
     kinds = sorted({kind for row in table["systems"].values() for kind in row})
-    lines = [
+    return [
         f"## Time saved against {table['reference']}, by agent kind",
         "",
-        "| system | " + " | ".join(kinds) + " |",
-        "|---|" + "---|" * len(kinds),
-    ]
-    for name, row in table["systems"].items():
-        cells = " | ".join(_format(row.get(kind), "%", 1) for kind in kinds)
-        lines.append(f"| {name} | {cells} |")
-    return [
-        *lines,
+        *markdown_table(
+            ["system", *kinds],
+            [
+                [name, *(_format(row.get(kind), "%", 1) for kind in kinds)]
+                for name, row in table["systems"].items()
+            ],
+        ),
         "",
         "Percent of the reference system's total job time saved over the programs of "
         "each kind both completed (negative: slower).",
@@ -177,22 +178,29 @@ def jct_ratio_by_agent_type_lines(comparisons: list[dict[str, Any]]) -> list[str
     `toolserve bench-table --by-kind` from a recorded run's records)."""
     if not comparisons:
         return []
-    lines = [
+    rows = [
+        [entry["system"], entry["reference"], kind, *_ratio_cells(ratio)]
+        for entry in comparisons
+        for kind, ratio in entry["by_kind"].items()
+    ]
+    return [
         "## Mean JCT ratio by agent kind (paired by round)",
         "",
         "As in the comparisons above, over each kind's programs alone.",
         "",
-        "| system | reference | agent kind | mean JCT ratio [95% CI] | per round | verdict |",
-        "|---|---|---|---|---|---|",
+        *markdown_table(
+            [
+                "system",
+                "reference",
+                "agent kind",
+                "mean JCT ratio [95% CI]",
+                "per round",
+                "verdict",
+            ],
+            rows,
+        ),
+        "",
     ]
-    for entry in comparisons:
-        for kind, ratio in entry["by_kind"].items():
-            lines.append(
-                f"| {entry['system']} | {entry['reference']} | {kind} "
-                f"| {format_interval(ratio, 'x', 2)} | {_per_round(ratio)} "
-                f"| {ratio['verdict'] if ratio else 'n/a'} |"
-            )
-    return [*lines, ""]
 
 
 def _first_tool_result(summary: dict[str, Any]) -> list[str]:
@@ -200,7 +208,7 @@ def _first_tool_result(summary: dict[str, Any]) -> list[str]:
     if not table:
         return []
     kinds = sorted({kind for rows in table["systems"].values() for kind in rows})
-    lines = [
+    return [
         "## Time to the first tool result, by agent kind",
         "",
         "Streamed turns whose calls the server ran: mean seconds from sending the turn to "
@@ -209,20 +217,13 @@ def _first_tool_result(summary: dict[str, Any]) -> list[str]:
         "kind's tool on the tool workers (`toolserve_tool_latency_s`; a partial run "
         "counts from its start, while the call was still written).",
         "",
-        "| system | " + " | ".join(kinds) + " |",
-        "|---|" + "---|" * len(kinds),
-    ]
-    for name, rows in table["systems"].items():
-        cells = []
-        for kind in kinds:
-            row = rows.get(kind) or {}
-            tool = row.get("tool_s_per_run")
-            cells.append(
-                _format(row.get("mean_s"), " s")
-                + (f" ({_format(tool, ' s')} {row['tool']})" if tool is not None else "")
-            )
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += [
+        *markdown_table(
+            ["system", *kinds],
+            [
+                [name, *(_time_to_first_result(rows.get(kind) or {}) for kind in kinds)]
+                for name, rows in table["systems"].items()
+            ],
+        ),
         "",
         "The reference's time over the system's (above 1: the result came sooner), "
         "paired by round as the JCT ratios are. Bound: Conveyor's (arXiv 2406.00059, "
@@ -230,19 +231,39 @@ def _first_tool_result(summary: dict[str, Any]) -> list[str]:
         "and g the rest of its time to the result (prefill and queueing included, so "
         "the bound is generous where they are large).",
         "",
-        "| system | reference | agent kind | ratio [95% CI] | per round | verdict | bound |",
-        "|---|---|---|---|---|---|---|",
+        *markdown_table(
+            [
+                "system",
+                "reference",
+                "agent kind",
+                "ratio [95% CI]",
+                "per round",
+                "verdict",
+                "bound",
+            ],
+            [
+                [
+                    entry["system"],
+                    entry["reference"],
+                    kind,
+                    *_ratio_cells(entry["by_kind"].get(kind)),
+                    _format((entry["by_kind"].get(kind) or {}).get("bound"), "x"),
+                ]
+                for entry in table["comparisons"]
+                for kind in kinds
+            ],
+        ),
+        "",
     ]
-    for entry in table["comparisons"]:
-        for kind in kinds:
-            ratio = entry["by_kind"].get(kind)
-            lines.append(
-                f"| {entry['system']} | {entry['reference']} | {kind} "
-                f"| {format_interval(ratio, 'x', 2)} | {_per_round(ratio)} "
-                f"| {ratio['verdict'] if ratio else 'n/a'} "
-                f"| {_format((ratio or {}).get('bound'), 'x')} |"
-            )
-    return [*lines, ""]
+
+
+def _time_to_first_result(row: dict[str, Any]) -> str:
+    """`1.20 s (0.80 s python)`: the mean time to the first result, and the mean
+    run of the kind's tool where it was measured."""
+    tool = row.get("tool_s_per_run")
+    return _format(row.get("mean_s"), " s") + (
+        f" ({_format(tool, ' s')} {row['tool']})" if tool is not None else ""
+    )
 
 
 def _client_stalls(summary: dict[str, Any]) -> list[str]:
@@ -253,7 +274,7 @@ def _client_stalls(summary: dict[str, Any]) -> list[str]:
     }
     if not measured:
         return []
-    lines = [
+    return [
         "## Benchmark client stalls",
         "",
         "Time the benchmark client itself was stalled (its event loop or thread pool "
@@ -262,16 +283,20 @@ def _client_stalls(summary: dict[str, Any]) -> list[str]:
         "each program's lifetime. Stalls come from the machine, not the system under test; they "
         "inflate every latency the client measures, tool time included.",
         "",
-        "| system | client stalled | JCT mean | JCT mean less client stalls |",
-        "|---|---|---|---|",
+        *markdown_table(
+            ["system", "client stalled", "JCT mean", "JCT mean less client stalls"],
+            [
+                [
+                    name,
+                    _format(figures["client_stall_s"], " s"),
+                    _format(figures["jct_mean_s"], " s"),
+                    _format(figures["jct_mean_without_client_stalls_s"], " s"),
+                ]
+                for name, figures in measured.items()
+            ],
+        ),
+        "",
     ]
-    for name, figures in measured.items():
-        lines.append(
-            f"| {name} | {_format(figures['client_stall_s'], ' s')} "
-            f"| {_format(figures['jct_mean_s'], ' s')} "
-            f"| {_format(figures['jct_mean_without_client_stalls_s'], ' s')} |"
-        )
-    return [*lines, ""]
 
 
 def format_interval(value: dict[str, float | None] | None, unit: str = "", digits: int = 1) -> str:
@@ -317,11 +342,20 @@ def _per_round(ratio: dict[str, Any] | None) -> str:
     return " / ".join(f"{value:.2f}" for value in ratio["per_round"]) if ratio else ""
 
 
+def _ratio_cells(ratio: dict[str, Any] | None) -> list[str]:
+    """A paired ratio's cells: with its interval, each round's, its verdict."""
+    return [
+        format_interval(ratio, "x", 2),
+        _per_round(ratio),
+        ratio["verdict"] if ratio else "n/a",
+    ]
+
+
 def _comparisons(summary: dict[str, Any]) -> list[str]:
     comparisons = summary.get("comparisons") or []
     if not comparisons:
         return []
-    lines = [
+    return [
         "## Comparisons (paired by round)",
         "",
         "Ratio of mean JCT, the reference's over the system's (above 1: the system is "
@@ -332,18 +366,27 @@ def _comparisons(summary: dict[str, Any]) -> list[str]:
         "The last column repeats it with each program's JCT less the time the benchmark "
         "client was stalled (secondary: see the A/A run for whether it narrows the noise).",
         "",
-        "| system | reference | mean JCT ratio [95% CI] | per round | verdict "
-        "| less client stalls [95% CI] |",
-        "|---|---|---|---|---|---|",
+        *markdown_table(
+            [
+                "system",
+                "reference",
+                "mean JCT ratio [95% CI]",
+                "per round",
+                "verdict",
+                "less client stalls [95% CI]",
+            ],
+            [
+                [
+                    entry["system"],
+                    entry["reference"],
+                    *_ratio_cells(entry["jct_mean"]),
+                    format_interval(entry["jct_mean_less_client_stalls"], "x", 2),
+                ]
+                for entry in comparisons
+            ],
+        ),
+        "",
     ]
-    for entry in comparisons:
-        ratio, adjusted = entry["jct_mean"], entry["jct_mean_less_client_stalls"]
-        lines.append(
-            f"| {entry['system']} | {entry['reference']} | {format_interval(ratio, 'x', 2)} "
-            f"| {_per_round(ratio)} | {ratio['verdict'] if ratio else 'n/a'} "
-            f"| {format_interval(adjusted, 'x', 2)} |"
-        )
-    return [*lines, ""]
 
 
 def _peer_report(summary: dict[str, Any]) -> list[str]:
@@ -364,34 +407,52 @@ def _peer_report(summary: dict[str, Any]) -> list[str]:
         "throughput. Its request-latency ratio is compared round by round like the JCT "
         "ratio above.",
         "",
-        "| system | request latency mean | request latency p90 | time to first token "
-        "| inter-token latency | output tokens/s |",
-        "|---|---|---|---|---|---|",
+        *markdown_table(
+            [
+                "system",
+                "request latency mean",
+                "request latency p90",
+                "time to first token",
+                "inter-token latency",
+                "output tokens/s",
+            ],
+            [
+                [
+                    name,
+                    _format(figures["request_latency_ms"]["mean"], " ms", 0),
+                    _format(figures["request_latency_p90_ms"]["mean"], " ms", 0),
+                    _format(figures["time_to_first_token_ms"]["mean"], " ms", 0),
+                    _format(figures["inter_token_latency_ms"]["mean"], " ms", 1),
+                    _format(figures["output_tokens_per_s"]["mean"], "", 1),
+                ]
+                for name, figures in systems.items()
+            ],
+        ),
     ]
-    for name, figures in systems.items():
-        lines.append(
-            f"| {name} | {_format(figures['request_latency_ms']['mean'], ' ms', 0)} "
-            f"| {_format(figures['request_latency_p90_ms']['mean'], ' ms', 0)} "
-            f"| {_format(figures['time_to_first_token_ms']['mean'], ' ms', 0)} "
-            f"| {_format(figures['inter_token_latency_ms']['mean'], ' ms', 1)} "
-            f"| {_format(figures['output_tokens_per_s']['mean'], '', 1)} |"
-        )
     ratios = [entry for entry in summary["comparisons"] if entry.get("aiperf_request_latency_mean")]
     if ratios:
         lines += [
             "",
-            "| system | reference | AIPerf request latency ratio [95% CI] | per round "
-            "| verdict | our mean JCT ratio |",
-            "|---|---|---|---|---|---|",
+            *markdown_table(
+                [
+                    "system",
+                    "reference",
+                    "AIPerf request latency ratio [95% CI]",
+                    "per round",
+                    "verdict",
+                    "our mean JCT ratio",
+                ],
+                [
+                    [
+                        entry["system"],
+                        entry["reference"],
+                        *_ratio_cells(entry["aiperf_request_latency_mean"]),
+                        format_interval(entry["jct_mean"], "x", 2),
+                    ]
+                    for entry in ratios
+                ],
+            ),
         ]
-        for entry in ratios:
-            ratio = entry["aiperf_request_latency_mean"]
-            lines.append(
-                f"| {entry['system']} | {entry['reference']} "
-                f"| {format_interval(ratio, 'x', 2)} "
-                f"| {_per_round(ratio)} "
-                f"| {ratio['verdict']} | {format_interval(entry['jct_mean'], 'x', 2)} |"
-            )
     return [*lines, ""]
 
 
@@ -414,12 +475,14 @@ def _hot_path(summary: dict[str, Any]) -> list[str]:
         "requests/s of the concurrent phases; CPU "
         "ms per request of the serving processes and of the engine).",
         "",
-        "| figure | " + " | ".join(systems) + " |",
-        "|---|" + "---|" * len(systems),
+        *markdown_table(
+            ["figure", *systems],
+            [
+                [name, *(_format(figures[name]["mean"], "", 1) for figures in systems.values())]
+                for name in names
+            ],
+        ),
     ]
-    for name in names:
-        cells = [_format(figures[name]["mean"], "", 1) for figures in systems.values()]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     for entry in summary["comparisons"]:
         comparison = entry.get("hot_path")
         if not comparison:
@@ -431,13 +494,18 @@ def _hot_path(summary: dict[str, Any]) -> list[str]:
             "as the system's over the reference's, with 95% Student-t intervals over the "
             "rounds.",
             "",
-            "| figure | added ms or ratio [95% CI] | per round |",
-            "|---|---|---|",
+            *markdown_table(
+                ["figure", "added ms or ratio [95% CI]", "per round"],
+                [
+                    [
+                        name,
+                        format_interval(value, " ms" if value["kind"] == ADDED else "x", 2),
+                        " / ".join(f"{figure:.2f}" for figure in value["per_round"]),
+                    ]
+                    for name, value in comparison.items()
+                ],
+            ),
         ]
-        for name, value in comparison.items():
-            unit = " ms" if value["kind"] == ADDED else "x"
-            per_round = " / ".join(f"{figure:.2f}" for figure in value["per_round"])
-            lines.append(f"| {name} | {format_interval(value, unit, 2)} | {per_round} |")
     return [*lines, ""]
 
 
@@ -469,18 +537,38 @@ def _work(summary: dict[str, Any]) -> list[str]:
         "than times. vLLM 0.32 does not export the tokens it recomputes after a "
         "preemption, so they are not here.",
         "",
-        "| system | prompt tokens | computed | from cache | generated | preemptions "
-        "| drafted tokens | accepted | draft acceptance | CPU s (all) | CPU s (engine) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *markdown_table(
+            [
+                "system",
+                "prompt tokens",
+                "computed",
+                "from cache",
+                "generated",
+                "preemptions",
+                "drafted tokens",
+                "accepted",
+                "draft acceptance",
+                "CPU s (all)",
+                "CPU s (engine)",
+            ],
+            [
+                [
+                    name,
+                    cell(work, "prompt_tokens"),
+                    cell(work, "prompt_tokens_computed"),
+                    cell(work, "prompt_tokens_from_cache"),
+                    cell(work, "generation_tokens"),
+                    cell(work, "preemptions", 1),
+                    cell(work, "draft_tokens"),
+                    cell(work, "accepted_draft_tokens"),
+                    acceptance(work),
+                    cell(work, "cpu_total_s"),
+                    cell(work, "cpu_engine_s"),
+                ]
+                for name, work in rows.items()
+            ],
+        ),
     ]
-    for name, work in rows.items():
-        lines.append(
-            f"| {name} | {cell(work, 'prompt_tokens')} | {cell(work, 'prompt_tokens_computed')} "
-            f"| {cell(work, 'prompt_tokens_from_cache')} | {cell(work, 'generation_tokens')} "
-            f"| {cell(work, 'preemptions', 1)} | {cell(work, 'draft_tokens')} "
-            f"| {cell(work, 'accepted_draft_tokens')} | {acceptance(work)} "
-            f"| {cell(work, 'cpu_total_s')} | {cell(work, 'cpu_engine_s')} |"
-        )
     return [*lines, "", *_front_end(rows)]
 
 
@@ -498,7 +586,7 @@ def _front_end(rows: dict[str, dict[str, Any]]) -> list[str]:
         per_round = ", ".join(_format(value, "", 2) for value in figure.get("per_round", []))
         return f"{_format(figure.get('mean'), '', 2)} ({per_round})"
 
-    lines = [
+    return [
         "## Prompt preparation (toolserve's chat front end)",
         "",
         "CPU time of the replica's chat front end per prompt, by stage, from toolserve's "
@@ -507,17 +595,82 @@ def _front_end(rows: dict[str, dict[str, Any]]) -> list[str]:
         "tokenize cache held (`toolserve_tokenize_cache_tokens`). Mean over rounds, each "
         "round's in brackets. Other systems do not report it.",
         "",
-        "| system | render CPU ms per prompt | tokenize CPU ms per prompt "
-        "| prompt tokens from the tokenize cache |",
-        "|---|---|---|---|",
+        *markdown_table(
+            [
+                "system",
+                "render CPU ms per prompt",
+                "tokenize CPU ms per prompt",
+                "prompt tokens from the tokenize cache",
+            ],
+            [
+                [
+                    name,
+                    cell(work, "render_cpu_ms_per_prompt"),
+                    cell(work, "tokenize_cpu_ms_per_prompt"),
+                    _percent(work.get("tokenize_cache_token_share", {}).get("mean")),
+                ]
+                for name, work in measured.items()
+            ],
+        ),
+        "",
     ]
-    for name, work in measured.items():
-        share = work.get("tokenize_cache_token_share", {}).get("mean")
-        lines.append(
-            f"| {name} | {cell(work, 'render_cpu_ms_per_prompt')} "
-            f"| {cell(work, 'tokenize_cpu_ms_per_prompt')} | {_percent(share)} |"
-        )
-    return [*lines, ""]
+
+
+def _files(summary: dict[str, Any]) -> list[str]:
+    """What a committed run keeps, and the raw output that stays beside the run."""
+    dashboards = bool(summary.get("dashboards"))
+    aiperf = any(figures.get("aiperf") for figures in summary["systems"].values())
+    return [
+        "## Files",
+        "",
+        "A committed run keeps what its figures come from:",
+        "",
+        "- `summary.json`: the figures above",
+        "- `report.md`: this report, written from `summary.json`",
+        "- `NOTE.md`, where the run has one: what it was recorded for",
+        "- " + ", ".join(f"`{name}`" for name in PLOTS.values()) + ": the plots above",
+        f"- `{RECORDS_FILE}`: one line per request, per program and per client stall, "
+        "every system and round (gzip)",
+        *(
+            ["- `dashboards/`: each toolserve arm's dashboards, drawn after its run"]
+            if dashboards
+            else []
+        ),
+        "",
+        "The raw output stays beside the run, uncommitted:",
+        "",
+        "- `console.log`: what the command printed",
+        "- `logs/`: each system's server log and configuration, its metrics scrapes "
+        "before and after each run and its CPU time by process",
+        *(
+            [
+                "- `aiperf/`: AIPerf's own files per system and round (its command, console "
+                "output, summary report and per-request export)"
+            ]
+            if aiperf
+            else []
+        ),
+        *(["- `prometheus/`: the local Prometheus's working files"] if dashboards else []),
+        "",
+    ]
+
+
+def _jct_row(name: str, figures: dict[str, Any]) -> list[str]:
+    """A system's row of the JCT table; a failed system's names its error."""
+    if "error" in figures:
+        return [name, f"failed: {figures['error']}"]
+    intervals = figures["intervals"]
+    return [
+        name,
+        f"{figures['programs']} ({figures['failed_programs']})",
+        format_interval(intervals["jct_mean_s"], " s"),
+        format_interval(intervals["jct_median_s"], " s"),
+        format_interval(intervals["jct_p90_s"], " s"),
+        _format(figures["jct_p99_s"], " s"),
+        _format(figures["turn_latency_median_s"], " s"),
+        _format(figures["tokens_per_s"], "", 1),
+        _format(figures["time_saved_vs_stock_vllm_pct"], "%", 1),
+    ]
 
 
 def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
@@ -576,26 +729,20 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         "",
         "Each with its 95% bootstrap interval over rounds and programs.",
         "",
-        "| system | programs (failed) | JCT mean | median | p90 | p99 | turn latency median "
-        "| tokens/s | time saved vs stock vLLM |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name, figures in summary["systems"].items():
-        if "error" in figures:
-            lines.append(f"| {name} | failed: {figures['error']} | | | | | | | |")
-            continue
-        intervals = figures["intervals"]
-        lines.append(
-            f"| {name} | {figures['programs']} ({figures['failed_programs']}) "
-            f"| {format_interval(intervals['jct_mean_s'], ' s')} "
-            f"| {format_interval(intervals['jct_median_s'], ' s')} "
-            f"| {format_interval(intervals['jct_p90_s'], ' s')} "
-            f"| {_format(figures['jct_p99_s'], ' s')} "
-            f"| {_format(figures['turn_latency_median_s'], ' s')} "
-            f"| {_format(figures['tokens_per_s'], '', 1)} "
-            f"| {_format(figures['time_saved_vs_stock_vllm_pct'], '%', 1)} |"
-        )
-    lines += [
+        *markdown_table(
+            [
+                "system",
+                "programs (failed)",
+                "JCT mean",
+                "median",
+                "p90",
+                "p99",
+                "turn latency median",
+                "tokens/s",
+                "time saved vs stock vLLM",
+            ],
+            [_jct_row(name, figures) for name, figures in summary["systems"].items()],
+        ),
         "",
         "Time saved compares total job time over the programs both systems completed.",
         "",
@@ -607,24 +754,37 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         *_memory_pressure(summary),
         "## Hit rates",
         "",
-        "| system | prompt tokens served from cache | engine prefix-cache hit rate "
-        "| pinned-KV reuse | tool cache | speculation acceptance | response cache "
-        "| unusable tool calls |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name, figures in summary["systems"].items():
-        if "error" in figures:
-            continue
-        lines.append(
-            f"| {name} | {_percent(figures['prefix_reuse_rate'])} "
-            f"| {_percent(figures['engine_prefix_hit_rate'])} "
-            f"| {_percent(figures['pinned_kv_reuse_rate'])} "
-            f"| {_percent(figures['tool_cache_hit_rate'])} "
-            f"| {_percent(figures['speculation_acceptance_rate'])} "
-            f"| {_percent(figures['response_cache_hit_rate'])} "
-            f"| {_percent(figures['unusable_call_rate'])} |"
-        )
-    lines += [
+        *markdown_table(
+            [
+                "system",
+                "prompt tokens served from cache",
+                "engine prefix-cache hit rate",
+                "pinned-KV reuse",
+                "tool cache",
+                "speculation acceptance",
+                "response cache",
+                "unusable tool calls",
+            ],
+            [
+                [
+                    name,
+                    *(
+                        _percent(figures[rate])
+                        for rate in (
+                            "prefix_reuse_rate",
+                            "engine_prefix_hit_rate",
+                            "pinned_kv_reuse_rate",
+                            "tool_cache_hit_rate",
+                            "speculation_acceptance_rate",
+                            "response_cache_hit_rate",
+                            "unusable_call_rate",
+                        )
+                    ),
+                ]
+                for name, figures in summary["systems"].items()
+                if "error" not in figures
+            ],
+        ),
         "",
         "n/a: the system does not report it. The first column is computed from the "
         "responses' `usage.prompt_tokens_details.cached_tokens`; the others are scraped "
@@ -643,21 +803,7 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         "",
         f"![Time saved by tool latency]({PLOTS['time_saved']})",
         "",
-        "## Files",
-        "",
-        "- `summary.json`: the figures above",
-        "- `records.jsonl`: one line per request and per program, every system and repeat",
-        "- `console.log`: what the command printed",
-        "- `logs/`: each system's server log, configuration and final metrics scrape",
-        *(
-            [
-                "- `aiperf/`: AIPerf's own files per system and round (its command, console "
-                "output, summary report and per-request export)"
-            ]
-            if any(figures.get("aiperf") for figures in summary["systems"].values())
-            else []
-        ),
-        "",
+        *_files(summary),
     ]
     path = run_dir / "report.md"
     path.write_text("\n".join(lines))

@@ -8,18 +8,17 @@ and compares (`toolserve bench-table --update PAGE` rewrites them).
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from bench.driver import ProgramRecord
+from bench.records import ProgramRecord, open_records
 from bench.report import format_interval, jct_ratio_by_agent_type_lines
-from bench.runner import jct_ratio_by_agent_type
 from bench.stats import Interval
+from bench.summary import jct_ratio_by_agent_type
 from bench.workloads.hot_path import ADDED
 
 # Where a table's links start from unless told otherwise: the repository's root.
@@ -39,14 +38,6 @@ def _load(run_dir: Path) -> dict[str, Any]:
     if summary.get("rounds_planned", summary["rounds"]) > summary["rounds"]:
         raise ValueError(f"{run_dir}: only {summary['rounds']} of its rounds were recorded")
     return summary
-
-
-def open_records(run_dir: Path) -> IO[str]:
-    """A run's `records.jsonl`, or the `records.jsonl.gz` a committed run keeps."""
-    compressed = run_dir / "records.jsonl.gz"
-    if compressed.exists():
-        return gzip.open(compressed, "rt")
-    return (run_dir / "records.jsonl").open()
 
 
 def by_kind_table(run_dir: Path) -> str:

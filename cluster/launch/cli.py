@@ -68,8 +68,9 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from bench.options import BenchOptions, default_run_name
     from bench.provenance import DirtyTreeError
-    from bench.runner import BenchOptions, default_run_name, run_benchmark
+    from bench.runner import run_benchmark
     from bench.systems import A_A_DEFAULT_SYSTEM, default_systems, expand_system_names
     from bench.workloads import Size
     from cluster.signals import stop_on_signals

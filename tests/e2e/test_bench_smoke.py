@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.records import RECORDS_FILE, open_records
 from bench.report import PLOTS
 from bench.stats import round_orders
 from bench.systems import default_systems
@@ -90,7 +91,9 @@ def test_quick_benchmark_on_the_tiny_model(tmp_path: Path) -> None:
     assert len(environments) == 1
     assert summary["effective_configuration"]["toolserve"]["toolserve_config"]["main"]
 
-    records = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines()]
+    with open_records(run_dir) as lines:
+        records = [json.loads(line) for line in lines]
+    assert (run_dir / RECORDS_FILE).exists()
     programs = [r for r in records if r["kind"] == "program"]
     requests = [r for r in records if r["kind"] == "request"]
     assert {r["system"] for r in programs} == set(QUICK_SYSTEMS)
@@ -138,9 +141,9 @@ def test_hot_path_benchmark_on_the_tiny_model(tmp_path: Path) -> None:
             assert figures["hot_path"][figure]["mean"] > 0, (name, figure)
     (comparison,) = summary["comparisons"]
     assert set(comparison["hot_path"]) == set(names)
-    records = [
-        json.loads(line) for line in (tmp_path / "hot" / "records.jsonl").read_text().splitlines()
-    ]
+    assert (tmp_path / "hot" / RECORDS_FILE).exists()
+    with open_records(tmp_path / "hot") as lines:
+        records = [json.loads(line) for line in lines]
     requests = [r for r in records if r["kind"] == "request" and r["system"] == "toolserve"]
     expected = (
         config.sequential_requests

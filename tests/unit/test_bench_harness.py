@@ -18,8 +18,10 @@ import pytest
 from bench.baselines.vllm_router import router_command
 from bench.cpu import ProcessTreeCpu
 from bench.metrics import engine_counters, engine_work, front_end_work
+from bench.options import parse_system
 from bench.provenance import DirtyTreeError, code_state, note_code_state, start_provenance
-from bench.runner import arm_setup, comparison_pairs, parse_system
+from bench.runner import arm_setup
+from bench.summary import comparison_pairs
 from bench.systems import (
     ABLATIONS,
     BASELINE_SYSTEMS,
