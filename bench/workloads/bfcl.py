@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from bench.workloads.distributions import Distribution, poisson_arrivals
+from bench.workloads.plan import Size, WorkloadPlan
 from bench.workloads.program import (
     AGENT_TEMPERATURE,
     AgentProgram,
@@ -159,3 +160,27 @@ def generate_bfcl(config: BfclConfig, seed: int) -> list[BfclProgram]:
             )
         )
     return programs
+
+
+def bfcl_plan(size: Size) -> WorkloadPlan:
+    config = BfclConfig(
+        entries=3 if size == "quick" else 20,
+        arrival_rate_per_s=0.5 if size == "quick" else 0.1,
+    )
+    return WorkloadPlan(
+        name="bfcl",
+        size=size,
+        description=(
+            f"{config.entries} BFCL v4 multi-turn ({config.category}) entries, real BFCL "
+            f"backends, at most {config.steps_per_turn} model requests per user turn. Not "
+            "reproduced: BFCL's scoring (answers are not graded); the in-memory backends "
+            "answer at once, so each tool round adds a latency drawn from Continuum's "
+            "BFCL v4 statistics"
+        ),
+        build=lambda seed: generate_bfcl(config, seed),
+        kv_cache_mib=256,
+        max_model_len=4096,
+        # Every system's calls run on the client, with the same simulated latency;
+        # toolserve's hosted BFCL tools (same schemas) would run them server-side.
+        toolserve_overrides={"tools.hosted": []},
+    )

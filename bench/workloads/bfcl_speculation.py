@@ -34,6 +34,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from bench.workloads.bfcl import SYSTEM_PROMPT, SafeDispatcher, load_entries, tool_schemas
+from bench.workloads.plan import Size, WorkloadPlan
 from bench.workloads.program import (
     AgentProgram,
     Reply,
@@ -196,3 +197,28 @@ def generate_bfcl_speculation(
             )
         )
     return programs
+
+
+def bfcl_speculation_plan(size: Size) -> WorkloadPlan:
+    config = (
+        BfclSpeculationConfig(entries=3, user_turns=2, arrival_gap_s=8.0)
+        if size == "quick"
+        else BfclSpeculationConfig(entries=12, arrival_gap_s=15.0)
+    )
+    return WorkloadPlan(
+        name="bfcl-speculation",
+        size=size,
+        description=(
+            f"{config.entries} BFCL v4 multi-turn ({config.category}) entries, the first "
+            f"{config.user_turns} user turns each, one program every {config.arrival_gap_s:g}s; "
+            "each turn a plan sentence, a call of the entry's functions the model writes, "
+            f"run on BFCL's backends ({config.tool_latency_s:g}s each, hosted by toolserve), "
+            "and the answer. Not reproduced: the papers' capable models, per-call latencies, "
+            "BFCL's scoring"
+        ),
+        build=lambda seed: generate_bfcl_speculation(config, seed),
+        kv_cache_mib=768,
+        max_model_len=8192,
+        toolserve_overrides={"tools.hosted": hosted_bfcl_tools(config.tool_latency_s)},
+        reference_system="toolserve-no-speculation",
+    )

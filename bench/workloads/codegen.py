@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field
 
 from bench.workloads.distributions import poisson_arrivals
+from bench.workloads.plan import Size, WorkloadPlan
 from bench.workloads.program import (
     AGENT_TEMPERATURE,
     AgentProgram,
@@ -136,3 +137,22 @@ def generate_codegen(config: CodegenConfig, seed: int) -> list[CodegenProgram]:
         )
         for index, arrival in enumerate(arrivals)
     ]
+
+
+def codegen_plan(size: Size) -> WorkloadPlan:
+    config = CodegenConfig(
+        programs=3 if size == "quick" else 8,
+        tasks_per_program=1 if size == "quick" else 2,
+        arrival_rate_per_s=0.5 if size == "quick" else 0.2,
+    )
+    return WorkloadPlan(
+        name="codegen",
+        size=size,
+        description=(
+            f"{config.programs} programs writing {config.tasks_per_program} Python "
+            "script(s) each, run by a real interpreter"
+        ),
+        build=lambda seed: generate_codegen(config, seed),
+        kv_cache_mib=128,
+        max_model_len=2048,
+    )

@@ -24,6 +24,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from bench.workloads.distributions import poisson_arrivals
+from bench.workloads.embedded_tokenizer import embedded_token_count
+from bench.workloads.plan import Size, WorkloadPlan
 from bench.workloads.program import (
     AgentProgram,
     Reply,
@@ -276,3 +278,39 @@ def generate_conveyor(
             )
         )
     return programs
+
+
+def conveyor_plan(size: Size) -> WorkloadPlan:
+    config = (
+        ConveyorConfig(programs_per_task=1, turns=2, arrival_rate_per_s=0.5)
+        if size == "quick"
+        else ConveyorConfig(programs_per_task=3, turns=3, arrival_rate_per_s=0.1)
+    )
+    return WorkloadPlan(
+        name="conveyor",
+        size=size,
+        description=(
+            f"partial tool execution (Conveyor, arXiv 2406.00059, §4): {config.programs_per_task} "
+            f"program(s) of each task ({', '.join(TASKS)}), {config.turns} turns each, "
+            f"Poisson arrivals at {config.arrival_rate_per_s}/s; each turn one streamed call of "
+            "a hosted tool whose text structured outputs fix (the same tokens for every "
+            f"system), then an answer of up to {config.answer_max_tokens} tokens. CodeGen: a "
+            "script that counts primes and draws a sine plot into a PNG (the paper's plot, "
+            "with the standard library); Validation: a calculator call whose first argument "
+            "is a number where a string belongs, followed by a note of forty to seventy words; "
+            "Calculator and Database (a read-only SQL query over the Python reference's "
+            "topics): the null cases (no partial input). Not reproduced: the paper's models "
+            "and GPU decoding speed"
+        ),
+        build=lambda seed: generate_conveyor(config, seed, embedded_token_count()),
+        # Three CodeGen turns (each call some 600 tokens as the engine writes it)
+        # outgrow 2048 tokens by the last one.
+        kv_cache_mib=128 if size == "quick" else 256,
+        max_model_len=2048 if size == "quick" else 4096,
+        toolserve_overrides={"tools.hosted": hosted_conveyor_tools()},
+        reference_system=CONVEYOR_REFERENCE,
+        # Validation's calls are rejected, not run: no overlap bound applies.
+        tool_of_agent_type={
+            task: tool for task, tool in TOOL_OF_TASK.items() if task != "validation"
+        },
+    )

@@ -24,6 +24,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from bench.stats import Interval, mean_interval, round_ratio_interval
+from bench.workloads.plan import Size, WorkloadPlan
 
 AGENT_TYPE = "hot-path"
 SEQUENTIAL = "sequential"
@@ -160,3 +161,71 @@ def compare(
             interval = round_ratio_interval(ratios)
             comparison[name] = {"kind": RATIO, **_interval_json(interval, ratios)}
     return comparison
+
+
+def hot_path_plan(size: Size) -> WorkloadPlan:
+    config = (
+        HotPathConfig(
+            sequential_requests=30, concurrency=(8, 32), requests_per_phase=64, streamed_requests=20
+        )
+        if size == "quick"
+        else HotPathConfig(
+            sequential_requests=100,
+            concurrency=(8, 32, 128),
+            requests_per_phase=256,
+            streamed_requests=50,
+        )
+    )
+    return WorkloadPlan(
+        name="hot-path",
+        size=size,
+        description=(
+            f"the serving layer's cost per request: {config.sequential_requests} one-token "
+            f"completions one at a time, {config.requests_per_phase} with "
+            + ", ".join(str(c) for c in config.concurrency)
+            + f" in flight, {config.streamed_requests} streamed one at a time (time to "
+            "first token); no tools, no session"
+        ),
+        build=lambda seed: [],
+        kv_cache_mib=128,
+        max_model_len=2048,
+        hot_path=config,
+    )
+
+
+def burst_plan(size: Size) -> WorkloadPlan:
+    config = HotPathConfig(burst_width=8, burst_iterations=5 if size == "quick" else 10)
+    return WorkloadPlan(
+        name="burst",
+        size=size,
+        description=(
+            f"{config.burst_iterations} bursts of {config.burst_width} requests sent at "
+            "once, one burst after another: each burst a team of agents sharing a preamble "
+            "of their own (a long system prompt and eight tool schemas: prompts of about "
+            "1,170 tokens with SmolLM2's template), each "
+            f"agent asking its own question, greedy, up to {config.burst_max_tokens} tokens "
+            "per reply, no session. Latency at the API (p50, p99 over all bursts)"
+        ),
+        build=lambda seed: [],
+        kv_cache_mib=384,
+        max_model_len=4096,
+        hot_path=config,
+    )
+
+
+def repeated_prompt_plan(size: Size) -> WorkloadPlan:
+    config = HotPathConfig(repeated_requests=50 if size == "quick" else 200)
+    return WorkloadPlan(
+        name="repeated-prompt",
+        size=size,
+        description=(
+            f"one question asked {config.repeated_requests} times, one at a time, greedy, "
+            f"up to {config.repeated_max_tokens} tokens per reply, no session: toolserve "
+            "answers every repeat from its response cache; vLLM's server decodes each "
+            "again, its prefix cache holding the prompt. Latency at the API (p50, p99)"
+        ),
+        build=lambda seed: [],
+        kv_cache_mib=128,
+        max_model_len=2048,
+        hot_path=config,
+    )

@@ -37,6 +37,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from bench.workloads.distributions import Distribution, poisson_arrivals
+from bench.workloads.embedded_tokenizer import embedded_vocabulary_words
+from bench.workloads.plan import Size, WorkloadPlan
 from bench.workloads.program import (
     AGENT_TEMPERATURE,
     AgentProgram,
@@ -212,3 +214,33 @@ def vocabulary_text(words: Sequence[str]) -> TokenText:
         return "".join(parts)
 
     return text
+
+
+def trace_replay_plan(size: Size) -> WorkloadPlan:
+    if size == "quick":
+        config = ReplayConfig(programs=6, arrival_rate_per_s=0.5, max_context=3072)
+        kv_cache_mib, max_model_len = 384, 4096
+    else:
+        # The chat template's markup comes on top of the content's tokens.
+        config = ReplayConfig(programs=16, arrival_rate_per_s=0.2, max_context=7680)
+        kv_cache_mib, max_model_len = 1536, 8192
+    return WorkloadPlan(
+        name="trace-replay",
+        size=size,
+        description=(
+            f"{config.programs} agent programs replayed by token counts, Poisson arrivals "
+            f"at {config.arrival_rate_per_s}/s, contexts up to {config.max_context} tokens: "
+            "each turn appends a drawn number of tokens and decodes exactly a drawn number "
+            "(min_tokens = max_tokens, ignore_eos; temperature "
+            f"{config.temperature}), tool pauses between turns. Coding "
+            "agents and tool assistants with Continuum's SWE-bench and BFCL v4 turn and "
+            "pause statistics (arXiv 2511.02230, Table 1), coding contexts growing toward "
+            "the model's limit (vLLM's AgentX write-up, Mooncake's SWE-bench traces); "
+            "sources and token counts in bench/workloads/replay.py"
+        ),
+        build=lambda seed: generate_replay(
+            config, seed, vocabulary_text(embedded_vocabulary_words())
+        ),
+        kv_cache_mib=kv_cache_mib,
+        max_model_len=max_model_len,
+    )

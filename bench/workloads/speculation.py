@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from bench.tools import record_text
+from bench.workloads.plan import Size, WorkloadPlan
 from bench.workloads.program import (
     AgentProgram,
     Reply,
@@ -188,3 +189,29 @@ def generate_speculation(config: RecordsTaskConfig, seed: int) -> list[RecordsPr
             )
         )
     return programs
+
+
+def speculation_plan(size: Size) -> WorkloadPlan:
+    config = (
+        RecordsTaskConfig(latencies_s=(0.1, 1.0), programs_per_latency=3, arrival_gap_s=6.0)
+        if size == "quick"
+        else RecordsTaskConfig()
+    )
+    programs = config.programs_per_latency * len(config.latencies_s)
+    return WorkloadPlan(
+        name="speculation",
+        size=size,
+        description=(
+            f"{programs} records tasks (plan sentence, a records lookup with a key the "
+            f"model writes, answer), one every "
+            f"{config.arrival_gap_s:g}s, records-service latency "
+            + ", ".join(f"{latency:g}s" for latency in config.latencies_s)
+        ),
+        build=lambda seed: generate_speculation(config, seed),
+        kv_cache_mib=128,
+        max_model_len=2048,
+        toolserve_overrides={
+            "tools.hosted": hosted_records_tools(config.latencies_s),
+        },
+        reference_system="toolserve-no-speculation",
+    )

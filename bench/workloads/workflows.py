@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bench.workloads.coding_tools import EDIT_FILE, LIST_FILES, READ_FILE, RUN_TESTS
 from bench.workloads.distributions import Distribution, poisson_arrivals
+from bench.workloads.plan import Size, WorkloadPlan
 from bench.workloads.program import (
     AGENT_TEMPERATURE,
     AgentProgram,
@@ -229,3 +230,30 @@ def generate_workflows(config: WorkflowConfig, seed: int) -> list[WorkflowProgra
             )
         )
     return programs
+
+
+def workflow_plan(name: str, size: Size) -> WorkloadPlan:
+    if name == "bugfix-6":
+        sessions, rate = (3, 0.5) if size == "quick" else (12, 0.2)
+        kv_cache_mib, max_model_len = 128, 2048
+    else:
+        # Four sessions took about 15 minutes a system; two keep three rounds of the
+        # default systems near an hour while contexts still outgrow the KV budget.
+        sessions, rate = (1, 0.0) if size == "quick" else (2, 0.05)
+        kv_cache_mib, max_model_len = 384, 8192
+    config = WorkflowConfig(workflow=name, sessions=sessions, arrival_rate_per_s=rate)
+    turns = 6 if name == "bugfix-6" else 35
+    return WorkloadPlan(
+        name=name,
+        size=size,
+        description=(
+            f"{sessions} sessions of the {turns}-turn "
+            f"{'bug-fix' if name == 'bugfix-6' else 'coding'} workflow (named tool each "
+            "turn, context grows every turn, unique file names per session). Turn count "
+            "from arXiv 2605.26289; not reproduced: its prompts, tools and context sizes "
+            "(unpublished), the steps and repository here are this project's own"
+        ),
+        build=lambda seed: generate_workflows(config, seed),
+        kv_cache_mib=kv_cache_mib,
+        max_model_len=max_model_len,
+    )

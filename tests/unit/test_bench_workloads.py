@@ -392,6 +392,49 @@ def test_every_workload_builds_deterministically(name: str, size: str) -> None:
     assert plan.kv_cache_mib > 0 and plan.max_model_len >= 2048
 
 
+def test_the_many_agent_quick_programs_stay_the_same() -> None:
+    """Seed 0's programs, pinned: a change to a workload's plan or to its draws shows
+    here (recorded runs compare programs by id across systems and rounds)."""
+    programs = plan_workload("many-agent", "quick").build(0)
+    drawn = [
+        (p.program_id, p.agent_type, p.arrival_s, p.turns, p.tool_latencies_s, p.output_lines)
+        for p in programs
+        if isinstance(p, TraceProgram)
+    ]
+    assert len(drawn) == len(programs)
+    expected = [
+        ("trace-0-0000", "swe", 0.0, 4, [3.091, 0.238, 1.573, 1.227], [6, 7, 2, 7]),
+        ("trace-0-0001", "swe", 3.721, 3, [8.797, 2.959, 0.952], [9, 4, 13]),
+        ("trace-0-0002", "swe", 6.558, 4, [1.488, 0.04, 0.433, 1.073], [9, 6, 7, 8]),
+        (
+            "trace-0-0003",
+            "assistant",
+            7.65,
+            5,
+            [0.837, 0.543, 2.907, 3.557, 0.899],
+            [2, 9, 5, 8, 10],
+        ),
+        (
+            "trace-0-0004",
+            "assistant",
+            8.249,
+            5,
+            [0.66, 7.749, 7.328, 1.393, 0.767],
+            [10, 6, 3, 6, 9],
+        ),
+        ("trace-0-0005", "swe", 9.681, 3, [0.132, 0.339, 0.026], [4, 7, 9]),
+    ]
+    for (name, kind, arrival, turns, latencies, lines), want in zip(drawn, expected, strict=True):
+        assert (name, kind, turns, lines) == (want[0], want[1], want[3], want[5])
+        assert arrival == pytest.approx(want[2], abs=5e-4)
+        assert latencies == pytest.approx(want[4], abs=5e-4)
+    assert (
+        programs[2]
+        .messages[-1]["content"]
+        .startswith("Issue 0002: `router_0002.process()` fails when the input is ")
+    )
+
+
 def test_unknown_workload_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown workload"):
         plan_workload("nope", "quick")

@@ -1,0 +1,43 @@
+"""A workload at one size: how its programs are built and the engine budget it
+is meant to run under."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from bench.workloads.program import AgentProgram
+
+if TYPE_CHECKING:
+    # Both modules plan workloads of their own with this type.
+    from bench.workloads.aiperf import AiperfWorkload
+    from bench.workloads.hot_path import HotPathConfig
+
+Size = Literal["quick", "default"]
+SIZES: tuple[Size, ...] = ("quick", "default")
+
+
+@dataclass(frozen=True)
+class WorkloadPlan:
+    """A workload at one size, with the engine budget it is meant to run under."""
+
+    name: str
+    size: Size
+    description: str
+    build: Callable[[int], Sequence[AgentProgram]]
+    kv_cache_mib: int
+    max_model_len: int
+    toolserve_overrides: dict[str, Any] = field(default_factory=dict)
+    """Configuration toolserve systems need for this workload (hosted tools)."""
+    reference_system: str | None = None
+    """The system per-agent-kind time saved is measured against, when it ran."""
+    tool_of_agent_type: dict[str, str] = field(default_factory=dict)
+    """The hosted tool each agent kind calls, whose own run time the report sets
+    beside the kind's time to its first tool result."""
+    peer: AiperfWorkload | None = None
+    """Conversations AIPerf sends instead of this harness's programs (`build` is
+    then empty)."""
+    hot_path: HotPathConfig | None = None
+    """Phases of one-token completions sent instead of programs (`build` is then
+    empty)."""
