@@ -43,10 +43,8 @@ def model_paths(root: type[BaseModel] = ToolserveConfig) -> dict[type[BaseModel]
             is_list = typing.get_origin(field.annotation) is list
             path = f"{prefix}{name}" + ("[]" if is_list else "")
             for nested in _nested_models(field.annotation):
-                known = nested in paths
                 paths.setdefault(nested, []).append(path)
-                if not known:
-                    queue.append((nested, f"{path}."))
+                queue.append((nested, f"{path}."))
     return paths
 
 
@@ -139,11 +137,11 @@ def config_reference() -> str:
     return "\n".join(lines) + "\n"
 
 
-def undescribed_fields() -> list[str]:
-    """`Model.field` for every field of the profile model without a description."""
+def undescribed_fields(root: type[BaseModel] = ToolserveConfig) -> list[str]:
+    """`Model.field` for every field under `root` without a description."""
     return [
         f"{model.__name__}.{name}"
-        for model in model_paths()
+        for model in model_paths(root)
         for name, field in model.model_fields.items()
         if not field.description
     ]

@@ -10,8 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pydantic import BaseModel, Field
+
 from cluster.config import REPO_ROOT
-from cluster.launch.config_reference import REFERENCE_PAGE, config_reference, undescribed_fields
+from cluster.launch.config_reference import (
+    REFERENCE_PAGE,
+    config_reference,
+    model_paths,
+    undescribed_fields,
+)
 
 README = REPO_ROOT / "README.md"
 README_LIMIT_BYTES = 12 * 1024
@@ -37,6 +44,20 @@ def test_the_readme_links_the_architecture_before_its_first_section() -> None:
 
 def test_every_configuration_field_has_a_description() -> None:
     assert undescribed_fields() == []
+
+
+class _Inner(BaseModel):
+    described: int = Field(default=0, description="Has one.")
+    bare: int = 0
+
+
+class _Outer(BaseModel):
+    items: list[_Inner] = Field(default_factory=list, description="Inner models.")
+
+
+def test_a_field_without_a_description_is_named() -> None:
+    assert undescribed_fields(_Outer) == ["_Inner.bare"]
+    assert model_paths(_Outer)[_Inner] == ["items[]"]
 
 
 def test_the_configuration_reference_is_what_the_command_writes() -> None:
