@@ -11,10 +11,11 @@ from ray.serve.config import BackpressureConfig, RequestRouterConfig
 
 from cluster.config import ModelDeploymentConfig, RoutingConfig, ToolserveConfig
 from cluster.models import resolve_model
-from deployments.ingress import ModelServerArgs, OpenAIIngress
-from deployments.model_server import ModelServer
-from deployments.request_limits import RequestLimits
-from deployments.tenants import ApiKeys, Tenancy
+from deployments.api.ingress import OpenAIIngress
+from deployments.api.request_limits import RequestLimits
+from deployments.api.state import ModelServerArgs
+from deployments.api.tenants import ApiKeys, Tenancy
+from deployments.replica.model_server import ModelServer
 from toolworkers.workers import ToolWorker
 
 MAIN_DEPLOYMENT = "main-model"

@@ -15,7 +15,7 @@ from cluster.config import ModelDeploymentConfig, ToolserveConfig, load_config
 from cluster.launch.launcher import Endpoints, LocalCluster
 from cluster.models import EMBEDDED_SCHEME, TINY_RANDOM_LLAMA
 from cluster.net import free_port
-from deployments.ingress import REPLICA_HEADER
+from deployments.api.chat import REPLICA_HEADER
 
 pytestmark = pytest.mark.e2e
 

@@ -36,8 +36,9 @@ from cluster.launch.launcher import Endpoints, LocalCluster
 from cluster.launch.prometheus import PrometheusServer
 from cluster.net import free_port
 from cluster.store.pins import TtlLedger
+from deployments.api.chat import REPLICA_HEADER
+from deployments.api.parsing import SESSION_HEADER
 from deployments.app import MAIN_DEPLOYMENT
-from deployments.ingress import REPLICA_HEADER, SESSION_HEADER
 
 pytestmark = pytest.mark.e2e
 

@@ -19,7 +19,7 @@ import pytest
 
 from cluster.config import AdmissionConfig
 from cluster.models import EMBEDDED_SCHEME, TINY_RANDOM_LLAMA, resolve_model
-from deployments.engine_setup import create_engine_config
+from deployments.engine.setup import create_engine_config
 
 from .test_kv_pinning import BLOCK, cache_dir, engine_config, event_loop_runner, tokens
 

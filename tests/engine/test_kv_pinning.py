@@ -18,9 +18,9 @@ from cluster.config import EngineConfig
 from cluster.models import EMBEDDED_SCHEME, TINY_RANDOM_LLAMA, resolve_model
 from cluster.openai_protocol import LAST_STEP_ARG, RETAIN_FOR_ARG
 from cluster.store.pins import TtlLedger
-from deployments.engine_setup import create_engine_config
-from deployments.pinning.plugin import UTILITY_METHOD
-from deployments.pinning.settings import EnginePinningSettings
+from deployments.engine.pinning.settings import EnginePinningSettings
+from deployments.engine.plugin import UTILITY_METHOD
+from deployments.engine.setup import create_engine_config
 
 pytestmark = pytest.mark.engine
 

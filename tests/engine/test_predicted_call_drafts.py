@@ -17,8 +17,8 @@ from written_calls import CALCULATOR_FEW_SHOT
 from cluster.config import CONFIGS_DIR, PromptLookupConfig, load_config
 from cluster.models import EMBEDDED_SCHEME, SMOLLM2, resolve_model
 from cluster.openai_protocol import PREDICTED_CALLS_ARG
-from deployments.engine_setup import create_engine_config
-from deployments.pinning.plugin import PREDICTED_CALLS_METHOD, PROMPT_LOOKUP_STATS_METHOD
+from deployments.engine.plugin import PREDICTED_CALLS_METHOD, PROMPT_LOOKUP_STATS_METHOD
+from deployments.engine.setup import create_engine_config
 
 from .test_kv_pinning import event_loop_runner
 

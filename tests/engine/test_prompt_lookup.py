@@ -14,8 +14,8 @@ import pytest
 
 from cluster.config import PromptLookupConfig
 from cluster.models import EMBEDDED_SCHEME, TINY_RANDOM_LLAMA, resolve_model
-from deployments.engine_setup import create_engine_config
-from deployments.pinning.plugin import PROMPT_LOOKUP_STATS_METHOD
+from deployments.engine.plugin import PROMPT_LOOKUP_STATS_METHOD
+from deployments.engine.setup import create_engine_config
 
 from .test_kv_pinning import cache_dir, engine_config, event_loop_runner, tokens
 

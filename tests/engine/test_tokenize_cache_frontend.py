@@ -12,8 +12,8 @@ import pytest
 
 from cluster.config import CONFIGS_DIR, TokenizeCacheConfig, load_config
 from cluster.models import EMBEDDED_SCHEME, SMOLLM2, resolve_model
-from deployments.engine_setup import create_engine_config
-from deployments.prompt_cache.frontend import install_prompt_preparation
+from deployments.engine.setup import create_engine_config
+from deployments.replica.prompt_cache.frontend import install_prompt_preparation
 
 pytestmark = pytest.mark.engine
 

@@ -1,9 +1,9 @@
 """The id the cluster keys a test client's program by: programs are scoped by
-the caller's API key (`deployments.tenants.scoped_program_id`)."""
+the caller's API key (`deployments.api.tenants.scoped_program_id`)."""
 
 from __future__ import annotations
 
-from deployments.tenants import scoped_program_id, tenant_of
+from deployments.api.tenants import scoped_program_id, tenant_of
 
 TEST_API_KEY = "test"
 TEST_CLIENT_AUTH = {"Authorization": f"Bearer {TEST_API_KEY}"}

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 
 from cluster.openai_protocol import EXPECTED_TOOL_ARG, LAST_STEP_ARG, RETAIN_FOR_ARG
-from deployments.agent_hints import (
+from deployments.api.agent_hints import (
     AgentHints,
     parse_sglang_close,
     parse_sglang_open,
     read_agent_hints,
 )
+from deployments.api.parsing import apply_agent_hints, parse_chat_body, program_id_for
 from deployments.errors import RequestRejected
-from deployments.ingress import apply_agent_hints, parse_chat_body, program_id_for
 
 MODELS = ["m"]
 

@@ -36,8 +36,8 @@ from bench.systems import (
     toolserve_config,
 )
 from cluster.config import DEFAULT_CONFIG_PATH, ToolserveConfig, load_config
-from deployments.engine_setup import engine_arguments, engine_environment, scheduler_class
-from deployments.pinning.settings import EnginePinningSettings
+from deployments.engine.pinning.settings import EnginePinningSettings
+from deployments.engine.setup import engine_arguments, engine_environment, scheduler_class
 
 
 def _settings():  # type: ignore[no-untyped-def]

@@ -11,7 +11,7 @@ from typing import Any
 from cluster.config import HostedToolConfig, ToolsConfig
 from cluster.openai_protocol import EXTENSION_FIELD, ModelToolCall, message_tool_calls
 from cluster.store.tool_state import LocalToolStateStore
-from deployments.continuation import (
+from deployments.replica.continuation import (
     Continuation,
     StreamRound,
     TurnContext,

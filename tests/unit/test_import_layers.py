@@ -1,6 +1,7 @@
 """The layering in pyproject.toml's import-linter contracts holds, and breaks on
-an import that runs back up or a pure policy importing Ray, vLLM, Redis or HTTP
-(checked on a copy of the code with one import added)."""
+an import that runs back up (across the project, or across deployments/'s
+processes), one engine mechanism importing another, or a pure policy importing
+Ray, vLLM, Redis or HTTP (checked on a copy of the code with one import added)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def test_the_code_keeps_its_layers() -> None:
         ("toolworkers/registry.py", "deployments.app"),  # tools knowing the serving layer
         ("toolworkers/cache_keys.py", "router.policy"),  # siblings
         ("router/policy.py", "cluster.launch.launcher"),  # anything importing the roof
-        ("bench/driver.py", "deployments.ingress"),  # the benchmark bypassing the API
+        ("bench/driver.py", "deployments.api.ingress"),  # the benchmark bypassing the API
         ("deployments/app.py", "bench.systems"),
         ("cluster/store/pins.py", "cluster.policies.ttl_cost_model"),  # ground siblings
         ("cluster/policies/draft_gate.py", "vllm"),  # a pure policy reaching the engine
@@ -49,6 +50,14 @@ def test_the_code_keeps_its_layers() -> None:
         ("router/policy.py", "redis"),
         ("toolworkers/predictor.py", "httpx"),
         ("toolworkers/cache_keys.py", "fastapi"),
+        ("deployments/engine/setup.py", "deployments.replica.model_server"),  # the engine
+        ("deployments/replica/continuation.py", "deployments.api.tool_api"),  # reaching up
+        ("deployments/api/parsing.py", "deployments.app"),
+        ("deployments/turn.py", "deployments.replica.continuation"),
+        ("deployments/errors.py", "deployments.turn"),
+        ("deployments/engine/pinning/scheduler.py", "deployments.engine.admission.scheduler"),
+        ("deployments/engine/prompt_lookup/scheduler.py", "deployments.engine.pinning.settings"),
+        ("deployments/engine/admission/settings.py", "deployments.engine.prompt_lookup.settings"),
     ],
 )
 def test_an_import_against_the_layers_breaks_the_contract(

@@ -15,7 +15,7 @@ from vllm.v1.kv_cache_interface import (
 )
 
 from cluster.config import KvOffloadConfig, ModelDeploymentConfig, load_config
-from deployments.kv_offload import kv_bytes_per_token, kv_transfer_kwargs
+from deployments.engine.kv_offload import kv_bytes_per_token, kv_transfer_kwargs
 
 GPU_PROFILES = ["gpu-llama-3.1-8b-4gpu.yaml", "gpu-llama-3.1-70b-tp4.yaml"]
 
@@ -80,7 +80,7 @@ def test_kv_bytes_per_token_from_vllms_kv_layout() -> None:
 
 
 def test_an_engine_on_the_cpu_backend_refuses_offload() -> None:
-    from deployments.engine_setup import create_engine_config
+    from deployments.engine.setup import create_engine_config
 
     with pytest.raises(ValueError, match="LMCache does not run on vLLM's CPU backend"):
         create_engine_config({"model": "unused"}, None, kv_offload=KvOffloadConfig(enabled=True))

@@ -16,7 +16,7 @@ import pytest
 from cluster.config import HostedToolConfig, SandboxLimits, ToolsConfig
 from cluster.store.partial_calls import ChannelUnavailable, PartialCallChannel
 from cluster.store.tool_state import LocalToolStateStore
-from deployments.continuation import RoundCalls
+from deployments.replica.continuation import RoundCalls
 from toolworkers.execution import PartialCalls, ToolExecutor
 from toolworkers.partial_execution import PartialExecution
 from toolworkers.registry import ToolRegistry

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from deployments.pinning.replica import (
+from deployments.replica.pinning import (
     profile_cache_path,
     profile_lengths,
     tool_called,

@@ -1,12 +1,12 @@
 from types import SimpleNamespace
 
 from cluster.config import AdmissionConfig
-from deployments.admission import settings as admission_settings
-from deployments.engine_setup import select_scheduler
-from deployments.pinning.settings import (
+from deployments.engine.admission import settings as admission_settings
+from deployments.engine.pinning.settings import (
     ADDITIONAL_CONFIG_KEY,
     EnginePinningSettings,
 )
+from deployments.engine.setup import select_scheduler
 
 
 def settings(**overrides: object) -> EnginePinningSettings:
@@ -51,7 +51,7 @@ def test_scheduler_follows_vllms_choice_of_async_scheduling() -> None:
         )
         select_scheduler(vllm_config, settings())
         assert vllm_config.scheduler_config.scheduler_cls == (
-            f"deployments.pinning.scheduler.{expected}"
+            f"deployments.engine.schedulers.{expected}"
         )
 
 
@@ -66,14 +66,14 @@ def test_admission_alone_gets_a_scheduler_of_its_own_and_rides_along_otherwise()
         )
         select_scheduler(vllm_config, None, None, admission)
         assert vllm_config.scheduler_config.scheduler_cls == (
-            f"deployments.admission.scheduler.{expected}"
+            f"deployments.engine.schedulers.{expected}"
         )
     vllm_config = SimpleNamespace(
         scheduler_config=SimpleNamespace(async_scheduling=False, scheduler_cls=None)
     )
     select_scheduler(vllm_config, settings(), None, admission)
     assert vllm_config.scheduler_config.scheduler_cls == (
-        "deployments.pinning.scheduler.PinningScheduler"
+        "deployments.engine.schedulers.PinningScheduler"
     )
     carried = admission_settings.engine_kwargs(admission)["additional_config"]
     assert admission_settings.from_additional_config(carried) == admission

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 from cluster.config import PromptLookupConfig, load_config
 from cluster.models import EMBEDDED_SCHEME, SMOLLM2, resolve_model
 from cluster.policies.draft_gate import CALL, PROSE, CallRegions, GateSettings, ProposalGate
-from deployments.prompt_lookup.scheduler import opening_tokens
+from deployments.engine.prompt_lookup.scheduler import opening_tokens
 
 OPENING, CLOSING = (8, 9), (7, 8, 9)  # as `tool_call>` and `</tool_call>`
 SETTINGS = GateSettings(

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from deployments.api.parsing import parse_chat_body, program_id_for
+from deployments.api.request_limits import capped_body, check_session_id, decode_json
 from deployments.errors import RequestRejected
-from deployments.ingress import parse_chat_body, program_id_for
-from deployments.request_limits import capped_body, check_session_id, decode_json
 
 MODELS = ["smollm2-135m"]
 

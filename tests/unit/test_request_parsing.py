@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from deployments.api.health import health_report
+from deployments.api.parsing import parse_chat_body, program_id_for
 from deployments.errors import ApiError, RequestRejected
-from deployments.ingress import health_report, parse_chat_body, program_id_for
 
 MODELS = ["smollm2-135m"]
 
@@ -168,7 +169,7 @@ def test_engine_errors_map_to_openai_codes(
 
 def test_requests_without_a_program_are_their_programs_last_step() -> None:
     from cluster.openai_protocol import LAST_STEP_ARG
-    from deployments.ingress import ONESHOT_PREFIX, mark_last_step
+    from deployments.api.parsing import ONESHOT_PREFIX, mark_last_step
 
     assert program_id_for(None, {}).startswith(ONESHOT_PREFIX)
     with_arguments = parse_chat_body(json.dumps(_chat(vllm_xargs={"other": 1})).encode(), MODELS)

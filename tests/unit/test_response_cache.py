@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from cluster.openai_protocol import SSE_DONE, sse_event, sse_payloads
 from cluster.store.response_cache import ResponseCache, StoredReply
-from deployments.response_cache import (
+from deployments.api.response_cache import (
     SEED_BITS,
     ResponseCachePolicy,
     StreamRecorder,

@@ -9,8 +9,8 @@ import json
 from typing import Any
 
 from cluster.config import HostedToolConfig, SpeculationConfig, ToolsConfig
-from deployments.model_server import ReplyHead
-from deployments.speculator import Speculator, call_text
+from deployments.api.speculator import Speculator, call_text
+from deployments.turn import ReplyHead
 from toolworkers.predictor import ObservedCall, PredictedCall
 from toolworkers.registry import ToolRegistry
 

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 from cluster.config import ConfigError, ServerConfig
-from deployments.errors import RequestRejected
-from deployments.tenants import (
+from deployments.api.tenants import (
     ANONYMOUS_TENANT,
     ApiKeys,
     cache_salt,
     scoped_program_id,
     tenant_of,
 )
+from deployments.errors import RequestRejected
 
 
 def test_tenants_are_told_apart_by_api_key_without_storing_it() -> None:

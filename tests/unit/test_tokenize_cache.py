@@ -15,8 +15,8 @@ from transformers import AutoTokenizer
 
 from cluster.config import CONFIGS_DIR, load_config
 from cluster.models import EMBEDDED_SCHEME, SMOLLM2, resolve_model
-from deployments.prompt_cache.frontend import boundary_tokens
-from deployments.prompt_cache.tokens import JoinAudit, PrefixTokenCache
+from deployments.replica.prompt_cache.frontend import boundary_tokens
+from deployments.replica.prompt_cache.tokens import JoinAudit, PrefixTokenCache
 
 OPEN, CLOSE = "<s>", "</s>"
 BOUNDARIES = {OPEN: 1, CLOSE: 2}

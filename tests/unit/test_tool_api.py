@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from deployments.errors import ApiError, RequestRejected
-from deployments.tool_api import (
+from deployments.api.tool_api import (
     PostedToolOutput,
     TurnOptions,
     parse_tool_outputs,
     parse_tool_state,
     pop_turn_options,
 )
+from deployments.errors import ApiError, RequestRejected
 
 
 def test_turn_options_are_removed_from_the_body() -> None:

@@ -1,0 +1,2 @@
+"""Prompt-lookup drafts inside vLLM's engine: gated per request, drafted from predicted
+calls."""
