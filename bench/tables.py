@@ -42,7 +42,7 @@ def _load(run_dir: Path) -> dict[str, Any]:
 
 def by_kind_table(run_dir: Path) -> str:
     """Each agent kind's mean JCT ratio, paired by round, from a recorded run's
-    `records.jsonl` (for runs recorded before their report gave it)."""
+    records (for runs recorded before their report gave it)."""
     summary = _load(run_dir)
     arms = list(summary["arms"])
     programs: dict[str, list[ProgramRecord]] = {label: [] for label in arms}

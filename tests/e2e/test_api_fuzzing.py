@@ -3,7 +3,7 @@
 No answer is a 5xx, every error is OpenAI-shaped, the server is healthy after.
 
 `TOOLSERVE_FUZZ_EXAMPLES` sets the examples per route and generation phase
-(CI: 30; the recorded run in the README used more)."""
+(CI: 30; the recorded run in docs/reliability.md used more)."""
 
 from __future__ import annotations
 
