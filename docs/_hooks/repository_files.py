@@ -16,7 +16,7 @@ from mkdocs.structure.files import File, Files, InclusionLevel
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 TOP_LEVEL_PAGES = ("README.md", "ARCHITECTURE.md")
-RUN_FILES = ("bench/results/*/*.md", "bench/results/*/**/*.png")
+RUN_FILES = ("bench/results/*.md", "bench/results/*/*.md", "bench/results/*/**/*.png")
 
 
 def _repository_file(path: Path, config: MkDocsConfig) -> File:
