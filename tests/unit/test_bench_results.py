@@ -1,0 +1,106 @@
+"""A recorded run keeps what its figures come from and what a reader looks at;
+the benchmark's raw output (process logs, metric scrapes, consoles) stays out
+of the repository."""
+
+from __future__ import annotations
+
+import subprocess
+from fnmatch import fnmatch
+from pathlib import PurePosixPath
+
+import pytest
+
+from cluster.config import REPO_ROOT
+
+RESULTS = "bench/results"
+KEPT = (
+    "summary.json",
+    "report.md",
+    "NOTE.md",
+    "records.jsonl.gz",
+    "*.png",
+    "dashboards/*/*.json",
+    "dashboards/*/*.png",
+)
+# Runs committed before the bench kept its raw output beside the run; their
+# logs, scrapes, consoles and plain records.jsonl are being removed. The list
+# only shrinks: a run leaves it when its folder holds the kept set alone.
+RAW_OUTPUT_STILL_COMMITTED = frozenset(
+    {
+        "aa-stock-vllm-current", "aa-stock-vllm-quick", "aa-stock-vllm-quick-2",
+        "aa-toolserve-quick", "aiperf-multi-turn-quick", "bfcl-quick", "bfcl-quick-1cf79dc",
+        "bfcl-speculation-defaults", "bfcl-speculation-quick-157800b",
+        "bugfix-6-prompt-lookup-quick", "bugfix-6-quick", "bugfix-6-quick-1cf79dc",
+        "bugfix-6-threads-fixed", "burst-a199e8c", "burst-prompt-lookup-cap", "burst-quick",
+        "burst-threads-fixed", "codegen-quick-157800b", "coding-35-bb19f59", "coding-35-calls",
+        "coding-35-current", "coding-35-front-end", "coding-35-rounds", "coding-35-rounds-2",
+        "coding-35-threads-fixed", "conveyor-on-the-stream", "conveyor-on-the-stream-4096",
+        "conveyor-on-the-stream-quick", "conveyor-partial-execution",
+        "conveyor-partial-execution-quick", "dashboards-many-agent-quick-2", "fuzz-300",
+        "hot-path-75cccbe", "hot-path-default", "hot-path-default-2", "hot-path-direct",
+        "hot-path-in-ingress", "hot-path-one-loop", "many-agent-1cde23f", "many-agent-cap",
+        "many-agent-cap-075", "many-agent-current", "many-agent-default-3",
+        "many-agent-default-rounds", "many-agent-prompt-lookup", "many-agent-quick-rounds",
+        "many-agent-router-6", "many-agent-small-pool-admission", "many-agent-window-a199e8c",
+        "reliability-16x5", "reliability-64x10", "reliability-64x10-queue-8",
+        "reliability-faults", "repeated-prompt-quick", "speculation-defaults-rounds",
+        "speculation-quick-157800b", "threads-quick",
+    }
+)  # fmt: skip
+INDEX_FILES = ("SUPERSEDED.md",)
+
+
+def _tracked_run_files() -> dict[str, list[str]]:
+    listing = subprocess.run(
+        ["git", "ls-files", "-z", RESULTS],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    by_run: dict[str, list[str]] = {}
+    for line in filter(None, listing.stdout.split("\0")):
+        relative = PurePosixPath(line).relative_to(RESULTS)
+        if len(relative.parts) == 1:
+            assert relative.name in INDEX_FILES, f"{line}: a file beside the runs"
+            continue
+        by_run.setdefault(relative.parts[0], []).append(
+            PurePosixPath(*relative.parts[1:]).as_posix()
+        )
+    return by_run
+
+
+def _outside_kept_set(files: list[str]) -> list[str]:
+    return [name for name in files if not any(fnmatch(name, pattern) for pattern in KEPT)]
+
+
+def test_a_run_commits_only_what_its_figures_come_from() -> None:
+    for run, files in _tracked_run_files().items():
+        if run not in RAW_OUTPUT_STILL_COMMITTED:
+            assert _outside_kept_set(files) == [], f"{run}: raw output committed"
+
+
+def test_the_list_of_runs_still_carrying_raw_output_only_shrinks() -> None:
+    runs = _tracked_run_files()
+    cleaned = [
+        run
+        for run in RAW_OUTPUT_STILL_COMMITTED
+        if run not in runs or not _outside_kept_set(runs[run])
+    ]
+    assert cleaned == [], "take these runs off RAW_OUTPUT_STILL_COMMITTED"
+
+
+@pytest.mark.parametrize(
+    "raw_output",
+    [
+        "logs/toolserve-r0.log",
+        "logs/stock-vllm-r1.metrics.txt",
+        "console.log",
+        "aiperf/toolserve-r0/profile_export.jsonl",
+        "prometheus/toolserve-r0.txt",
+    ],
+)
+def test_the_benchmarks_raw_output_is_ignored_by_git(raw_output: str) -> None:
+    path = f"{RESULTS}/a-new-run/{raw_output}"
+    ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO_ROOT)
+    assert ignored.returncode == 0, f"{path} is not ignored"
