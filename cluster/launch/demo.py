@@ -35,6 +35,9 @@ TURN_TOOL_CHOICE: list[Any] = [
 # Tools the demo lets the server run when it hosts them (declared with the
 # server's schema); the file tools stay the demo's, over its own workspace.
 SERVER_TOOLS = ("calculator",)
+# The last turn answers in prose: without this the small model often writes
+# call markup as its "answer" even when no tool may be called.
+PROSE_ONLY = {"structured_outputs": {"regex": "[^<]+"}}
 TASK = (
     "What is the total amount of all orders in the workspace? Look at the files, "
     "add the amounts with the calculator, then answer in one sentence."
@@ -42,6 +45,14 @@ TASK = (
 
 
 ToolFunction = Callable[..., str]
+
+
+def choice_parameter(name: str, description: str, choices: list[str]) -> dict[str, Any]:
+    """One required string out of `choices`: structured outputs hold a named
+    call's arguments to the schema, so the model cannot name a missing file."""
+    parameters = string_parameter(name, description)
+    parameters["properties"][name]["enum"] = choices
+    return parameters
 
 
 def workspace_tools(workspace: Workspace) -> list[tuple[ToolSpec, ToolFunction]]:
@@ -52,7 +63,7 @@ def workspace_tools(workspace: Workspace) -> list[tuple[ToolSpec, ToolFunction]]
             ToolSpec(
                 "list_files",
                 "List the files in a directory of the workspace.",
-                string_parameter("directory", "Directory relative to the workspace, e.g. '.'"),
+                choice_parameter("directory", "Directory relative to the workspace", ["."]),
                 side_effect_free=True,
             ),
             workspace.list_files,
@@ -61,7 +72,9 @@ def workspace_tools(workspace: Workspace) -> list[tuple[ToolSpec, ToolFunction]]
             ToolSpec(
                 "read_file",
                 "Read a text file of the workspace.",
-                string_parameter("path", "File path relative to the workspace"),
+                choice_parameter(
+                    "path", "File path relative to the workspace", sorted(WORKSPACE_FILES)
+                ),
                 side_effect_free=True,
             ),
             workspace.read_file,
@@ -111,6 +124,7 @@ class TurnRecord:
     latency_s: float
     tool_calls: list[tuple[str, str, str]] = field(default_factory=list)
     answer: str | None = None
+    prompt_tokens: int | None = None
     cached_prompt_tokens: int | None = None
     server_calls: list[tuple[str, str]] = field(default_factory=list)
     server_results: list[str] = field(default_factory=list)
@@ -166,10 +180,13 @@ def run_demo(api_base: str, model: str, log: Callable[[str], None] = print) -> l
                 parallel_tool_calls=False,
                 temperature=0,
                 max_tokens=128,
+                extra_body=PROSE_ONLY if tool_choice == "none" else None,
             )
             record = TurnRecord(turn, time.monotonic() - started)
-            details = response.usage.prompt_tokens_details if response.usage else None
-            record.cached_prompt_tokens = details.cached_tokens if details else None
+            if response.usage is not None:
+                record.prompt_tokens = response.usage.prompt_tokens
+                details = response.usage.prompt_tokens_details
+                record.cached_prompt_tokens = details.cached_tokens if details else None
             message = response.choices[0].message
             for executed in server_executed_messages(response):
                 messages.append(executed)
@@ -192,13 +209,26 @@ def run_demo(api_base: str, model: str, log: Callable[[str], None] = print) -> l
                 record.answer = message.content or ""
             records.append(record)
             log(_describe(record))
+    log(_summarize(records))
     return records
+
+
+def _summarize(records: list[TurnRecord]) -> str:
+    returning = records[1:]
+    prompt = sum(record.prompt_tokens or 0 for record in returning)
+    cached = sum(record.cached_prompt_tokens or 0 for record in returning)
+    server_calls = sum(len(record.server_calls) for record in records)
+    share = f" ({cached / prompt:.0%})" if prompt else ""
+    return (
+        f"demo: turns 2-{len(records)} took {cached} of their {prompt} prompt tokens{share} "
+        f"from the program's cached prefix; the server ran {server_calls} call(s) itself"
+    )
 
 
 def _describe(record: TurnRecord) -> str:
     cached = (
-        f", {record.cached_prompt_tokens} prompt tokens cached"
-        if record.cached_prompt_tokens is not None
+        f", {record.cached_prompt_tokens} of {record.prompt_tokens} prompt tokens cached"
+        if record.cached_prompt_tokens is not None and record.prompt_tokens is not None
         else ""
     )
     lines = [f"turn {record.turn}: {record.latency_s:5.2f}s{cached}"]

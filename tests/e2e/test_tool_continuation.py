@@ -16,7 +16,7 @@ from openai import OpenAI
 from prometheus_text import histogram_buckets, metric_total
 from written_calls import LEAD, invalid_calculator_call, written_turn
 
-from cluster.launch.demo import run_demo
+from cluster.launch.demo import WORKSPACE_FILES, run_demo
 from cluster.launch.launcher import Endpoints
 from toolworkers import plan_tool
 from toolworkers.builtin_tools import calculate
@@ -312,6 +312,11 @@ def test_the_demo_agent_gets_its_calculator_call_answered_by_the_server(
     assert all(r.tool_calls and not r.server_calls for r in file_turns), (
         "the demo's own file tools share hosted names but not schemas: the demo runs them"
     )
+    [(name, _, content)] = records[1].tool_calls
+    assert name == "read_file" and content in WORKSPACE_FILES.values(), "a real file was read"
+    answer = records[-1].answer
+    assert answer and answer.strip() and "<" not in answer, "the last turn answers in prose"
+    assert all(r.cached_prompt_tokens for r in records[1:]), "returning turns reuse the prefix"
 
 
 def test_a_reply_allowed_one_call_ends_where_that_call_closes(
