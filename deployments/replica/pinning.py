@@ -42,6 +42,10 @@ def profile_lengths(configured: list[int], max_model_len: int) -> list[int]:
     return sorted(length for length in lengths if length > 0)
 
 
+# Part of a cached profile's key: a profile measured another way is measured again.
+PROFILE_METHOD = "warm-engine-v2"
+
+
 def profile_cache_path(cache_dir: Path, fingerprint: dict[str, Any]) -> Path:
     digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir / "prefill-profiles" / f"{digest}.json"
@@ -87,7 +91,10 @@ class EnginePinning:
         self._spawn(self._export_stats())
         if self._redis_url is not None:
             self._spawn(self._follow_control_channel(self._redis_url))
-        path = profile_cache_path(cache_dir, fingerprint | {"lengths": self._lengths})
+        path = profile_cache_path(
+            cache_dir,
+            fingerprint | {"lengths": self._lengths, "method": PROFILE_METHOD},
+        )
         profile: PrefillProfile | None
         try:
             profile = PrefillProfile(**json.loads(path.read_text()))
@@ -107,8 +114,8 @@ class EnginePinning:
             logger.warning("max_model_len too short for a prefill profile")
             return None
         generator = random.Random(0)
-        seconds = []
-        for length in self._lengths:
+
+        async def prefill_seconds(length: int) -> float:
             # Fresh random tokens, so the prefix cache cannot shorten the prefill.
             prompt = [generator.randrange(1000, 20000) for _ in range(length)]
             started = time.perf_counter()
@@ -118,7 +125,13 @@ class EnginePinning:
                 request_id=f"toolserve-prefill-profile-{length}-{generator.random()}",
             ):
                 pass
-            seconds.append(time.perf_counter() - started)
+            return time.perf_counter() - started
+
+        # The engine's first steps after start-up run cold (kernels, allocator,
+        # caches): timed, they priced every re-prefill at seconds whatever its
+        # length. One untimed prefill warms it.
+        await prefill_seconds(self._lengths[0])
+        seconds = [await prefill_seconds(length) for length in self._lengths]
         return PrefillProfile.fit(self._lengths, seconds)
 
     async def _export_stats(self) -> None:

@@ -1,5 +1,11 @@
+import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from deployments.replica import pinning
 from deployments.replica.pinning import (
     profile_cache_path,
     profile_lengths,
@@ -47,3 +53,44 @@ def test_profile_lengths_fit_the_engine() -> None:
     assert profile_lengths(configured, 8192) == configured
     assert profile_lengths(configured, 4096) == [256, 1024, 2048]
     assert profile_lengths(configured, 2048) == [256, 512, 1024, 1984]
+
+
+class _ColdStartEngine:
+    """Answers each prompt after a delay linear in its length, on a fake clock;
+    the first prompt after start-up takes two seconds more (a cold engine)."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self._clock = clock
+        self.prompt_lengths: list[int] = []
+
+    async def generate(self, prompt: dict[str, Any], *_: Any, **__: Any) -> AsyncIterator[None]:
+        length = len(prompt["prompt_token_ids"])
+        cold = 2.0 if not self.prompt_lengths else 0.0
+        self.prompt_lengths.append(length)
+        self._clock[0] += cold + 0.001 * length
+        yield None
+
+
+def test_the_prefill_profile_is_timed_on_a_warm_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(pinning.time, "perf_counter", lambda: clock[0])
+    engine = _ColdStartEngine(clock)
+    lengths = [256, 1024, 2048]
+    replica_pinning = pinning.EnginePinning(
+        engine,  # type: ignore[arg-type]
+        configured_lengths=lengths,
+        max_model_len=8192,
+        replica_id="r0",
+        redis_url=None,
+    )
+    profile = asyncio.run(replica_pinning._measure_prefill_profile())
+    assert profile is not None
+    assert engine.prompt_lengths == [256, *lengths], "one untimed prefill first"
+    assert profile.seconds(1024) == pytest.approx(1.024, abs=1e-6)
+    assert profile.c == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_profile_cached_by_an_earlier_method_is_measured_again(tmp_path: Path) -> None:
+    fingerprint = {"model": "m", "lengths": [256, 1024, 2048]}
+    earlier = profile_cache_path(tmp_path, fingerprint)
+    assert profile_cache_path(tmp_path, fingerprint | {"method": pinning.PROFILE_METHOD}) != earlier
