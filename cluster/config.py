@@ -231,6 +231,14 @@ class PinningConfig(_Strict):
         description="Longest TTL any pin gets; a program not back this long after a "
         "turn counts for the cost model as never coming back after that tool.",
     )
+    charge_withheld_cache: bool = Field(
+        default=False,
+        description="In `cost_model` mode, charge a pin at least its share of the "
+        "evictable prefix cache (its blocks over the free blocks and its own), since "
+        "new requests evict other programs' cached prefixes from the free blocks while "
+        "it holds its own. Off: a pin costs only what requests waiting now need "
+        "beyond the free blocks, so while nobody waits it is held up to `max_ttl_s`.",
+    )
     max_pinned_fraction: float = Field(
         default=0.5,
         gt=0,

@@ -13,7 +13,10 @@ the remaining work of programs is (η), plus re-prefilling the r-token context
 per second held (D = 1). Here the charge is the share D of the pin's blocks that
 others' demand reaches now (`displaced_share`): a pin on memory nobody waits for
 delays nobody, and when demand grows the scheduler releases pins (latest-arrived
-program first) before a request waits for memory.
+program first) before a request waits for memory. Optionally the charge is at
+least the pin's share of the evictable prefix cache (`withheld_cache_share`):
+while nobody waits, new requests still evict other programs' cached prefixes
+from the free blocks, sooner the fewer there are beside the pin.
 """
 
 from __future__ import annotations
@@ -80,6 +83,27 @@ def displaced_share(free_blocks: int, waiting_blocks: int, own_blocks: int) -> f
     if own_blocks <= 0:
         return 0.0
     return min(1.0, max(0.0, (waiting_blocks - free_blocks) / own_blocks))
+
+
+def withheld_cache_share(free_blocks: int, own_blocks: int) -> float:
+    """Share of the evictable prefix cache (the free blocks, which hold other
+    programs' cached prefixes until new requests take them, and the pin's own) that
+    a pin of `own_blocks` withholds, in [0, 1]."""
+    if own_blocks <= 0:
+        return 0.0
+    return own_blocks / (own_blocks + max(0, free_blocks))
+
+
+def holding_cost(
+    free_blocks: int, waiting_blocks: int, own_blocks: int, *, charge_withheld_cache: bool
+) -> float:
+    """What holding a pin costs per second, relative to Continuum's full charge:
+    the share of it waiting requests need, and with `charge_withheld_cache` at
+    least its share of the evictable prefix cache."""
+    demand = displaced_share(free_blocks, waiting_blocks, own_blocks)
+    if not charge_withheld_cache:
+        return demand
+    return max(demand, withheld_cache_share(free_blocks, own_blocks))
 
 
 def best_ttl(

@@ -9,7 +9,9 @@ from cluster.policies.ttl_cost_model import (
     best_ttl,
     displaced_share,
     empirical_cdf,
+    holding_cost,
     memoryfulness,
+    withheld_cache_share,
 )
 
 
@@ -73,6 +75,37 @@ def test_a_pin_costs_the_share_of_it_waiting_requests_need() -> None:
     assert displaced_share(free_blocks=30, waiting_blocks=35, own_blocks=10) == 0.5
     assert displaced_share(free_blocks=0, waiting_blocks=500, own_blocks=10) == 1.0
     assert displaced_share(free_blocks=0, waiting_blocks=500, own_blocks=0) == 0.0
+
+
+def test_a_pin_withholds_its_share_of_the_evictable_cache() -> None:
+    assert withheld_cache_share(free_blocks=90, own_blocks=10) == 0.1
+    assert withheld_cache_share(free_blocks=10, own_blocks=10) == 0.5
+    assert withheld_cache_share(free_blocks=0, own_blocks=10) == 1.0
+    assert withheld_cache_share(free_blocks=10, own_blocks=0) == 0.0
+
+
+def test_the_withheld_cache_is_charged_only_when_asked_and_never_below_demand() -> None:
+    idle = {"free_blocks": 10, "waiting_blocks": 0, "own_blocks": 10}
+    assert holding_cost(**idle, charge_withheld_cache=False) == 0.0
+    assert holding_cost(**idle, charge_withheld_cache=True) == 0.5
+    pressed = {"free_blocks": 10, "waiting_blocks": 40, "own_blocks": 10}
+    assert holding_cost(**pressed, charge_withheld_cache=False) == 1.0
+    assert holding_cost(**pressed, charge_withheld_cache=True) == 1.0
+
+
+def test_charging_the_withheld_cache_ends_pins_at_the_slowest_return_seen() -> None:
+    """Nobody waits: uncharged, a pin is held to the cap for returns slower than
+    any seen; charged its share of a nearly full cache, it covers the returns
+    worth their time and no more."""
+    ttl_model = model()
+    for duration in [1.0, 1.0, 1.0, 1.0, 3.0, math.inf]:
+        ttl_model.observe_tool_duration("test", duration)
+    ttl_model.observe_queueing_delay_without_kv(10.0)
+    idle_pool = {"free_blocks": 20, "waiting_blocks": 0, "own_blocks": 20}
+    uncharged = holding_cost(**idle_pool, charge_withheld_cache=False)
+    charged = holding_cost(**idle_pool, charge_withheld_cache=True)
+    assert ttl_model.ttl("test", 1000, holding_cost=uncharged) == 30.0
+    assert ttl_model.ttl("test", 1000, holding_cost=charged) == 3.0
 
 
 def test_cost_model_charges_the_holding_cost() -> None:

@@ -30,7 +30,7 @@ from cluster.policies.ttl_cost_model import (
     PrefillProfile,
     RetentionHint,
     TtlCostModel,
-    displaced_share,
+    holding_cost,
 )
 from deployments.engine.kv_offload import kv_bytes_per_token
 from deployments.engine.pinning.ledger import LedgerPublisher
@@ -186,10 +186,11 @@ class PinningSchedulerMixin:
         return sum(math.ceil(request.num_tokens / base.block_size) for request in base.waiting)
 
     def _holding_cost(self, program_id: str, waiting_blocks: int | None = None) -> float:
-        return displaced_share(
+        return holding_cost(
             free_blocks=self._block_pool.get_num_free_blocks(),
             waiting_blocks=self._waiting_blocks() if waiting_blocks is None else waiting_blocks,
             own_blocks=self._pinning.pinned_blocks_of(program_id),
+            charge_withheld_cache=self._settings.charge_withheld_cache,
         )
 
     def _free_blocks(self, request: Request) -> None:
