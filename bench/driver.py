@@ -97,11 +97,11 @@ async def reply_from_stream(
 ) -> Reply:
     """The reply a streamed chat completion adds up to (sent with usage reported);
     `sent`: when the request was sent (`time.monotonic()`), to time its first
-    server-run tool result."""
+    token and its first server-run tool result."""
     content, finish_reason, usage = "", None, None
     calls = ToolCallDeltas()
     executed: list[dict[str, Any]] = []
-    first_result_s = None
+    first_result_s = first_token_s = None
     async for chunk in chunks:
         executed += executed_messages(chunk.model_extra)
         if executed and first_result_s is None and sent is not None:
@@ -109,6 +109,9 @@ async def reply_from_stream(
         usage = chunk.usage or usage
         if chunk.choices:
             choice = chunk.choices[0]
+            wrote = bool(choice.delta.content or choice.delta.tool_calls)
+            if wrote and first_token_s is None and sent is not None:
+                first_token_s = time.monotonic() - sent
             content += choice.delta.content or ""
             finish_reason = choice.finish_reason or finish_reason
             calls.feed([call.model_dump() for call in choice.delta.tool_calls or ()])
@@ -120,6 +123,7 @@ async def reply_from_stream(
         executed_messages=tuple(executed),
         replica=replica,
         first_result_s=first_result_s,
+        first_token_s=first_token_s,
     )
 
 

@@ -56,6 +56,10 @@ class SystemFigures:
     peak_live_context_tokens: int
     client_stall_s: float
     jct_mean_without_client_stalls_s: float
+    ttft_p50_s: float | None = None
+    """Time to first token over the streamed requests that recorded it; None
+    where none did."""
+    ttft_p99_s: float | None = None
 
 
 def jct_without_client_stalls(program: ProgramRecord, stalls: Iterable[ClientStall]) -> float:
@@ -87,6 +91,7 @@ def system_figures(
     answered = [request for request in requests if request.error is None]
     with_cache_info = [request for request in answered if request.cached_tokens is not None]
     calls = sum(program.calls for program in programs)
+    first_tokens = [r.first_token_s for r in answered if r.first_token_s is not None]
     return SystemFigures(
         programs=len(programs),
         failed_programs=len(programs) - len(completed),
@@ -115,6 +120,8 @@ def system_figures(
         jct_mean_without_client_stalls_s=_mean(
             [jct_without_client_stalls(program, stalls) for program in completed]
         ),
+        ttft_p50_s=percentile(first_tokens, 0.5) if first_tokens else None,
+        ttft_p99_s=percentile(first_tokens, 0.99) if first_tokens else None,
     )
 
 

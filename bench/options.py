@@ -1,6 +1,6 @@
-"""A benchmark run's options, as `toolserve bench` takes them: the workload and its
-size, the systems compared (each `NAME` or `NAME@PATH=VALUE@...`), rounds, seeds
-and where the run is written."""
+"""A benchmark run's options, as `toolserve bench` takes them: the workload, its
+size and programs a round, the systems compared (each `NAME` or
+`NAME@PATH=VALUE@...`), rounds, seeds and where the run is written."""
 
 from __future__ import annotations
 
@@ -39,6 +39,9 @@ class BenchOptions:
     allow_dirty: bool = False
     dashboards: bool = False
     """A local Prometheus scrapes the toolserve arms; their dashboards are drawn."""
+    programs: int | None = None
+    """Programs a round instead of the size's own count (`--programs`; the
+    workloads sized by their programs only)."""
 
 
 def parse_system(text: str) -> tuple[str, dict[str, Any]]:
@@ -65,5 +68,7 @@ def arms_of(options: BenchOptions) -> dict[str, str]:
     return {f"{system}#{arm}": system for arm in AA_ARMS}
 
 
-def default_run_name(workload: str, size: str) -> str:
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{workload}-{size}"
+def default_run_name(workload: str, size: str, programs: int | None = None) -> str:
+    """Time, workload and size, and the programs a round where `--programs` set them."""
+    count = f"-{programs}-programs" if programs is not None else ""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{workload}-{size}{count}"

@@ -41,6 +41,9 @@ class RequestRecord:
     first_result_s: float | None = None
     """Seconds from sending to the first tool result the server ran (streamed
     replies); for a call the server rejected, when its error came."""
+    first_token_s: float | None = None
+    """Seconds from sending to the first generated token (streamed replies; None
+    otherwise, and in records written before it was recorded)."""
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": "request", **asdict(self)}
@@ -121,6 +124,7 @@ def request_record(
         error=error,
         replica=reply.replica if reply else None,
         first_result_s=reply.first_result_s if reply else None,
+        first_token_s=reply.first_token_s if reply else None,
     )
 
 

@@ -655,11 +655,32 @@ def _files(summary: dict[str, Any]) -> list[str]:
     ]
 
 
-def _jct_row(name: str, figures: dict[str, Any]) -> list[str]:
+JCT_HEADERS = [
+    "system",
+    "programs (failed)",
+    "JCT mean",
+    "median",
+    "p90",
+    "p99",
+    "turn latency median",
+    "tokens/s",
+    "time saved vs stock vLLM",
+]
+TTFT_HEADERS = ["TTFT p50", "TTFT p99"]
+
+
+def has_first_tokens(summary: dict[str, Any]) -> bool:
+    """Whether any system timed its turns' first tokens (streamed turns; runs
+    recorded before the bench timed them have no such figures)."""
+    return any(figures.get("ttft_p50_s") is not None for figures in summary["systems"].values())
+
+
+def _jct_row(name: str, figures: dict[str, Any], with_ttft: bool = False) -> list[str]:
     """A system's row of the JCT table; a failed system's names its error."""
     if "error" in figures:
         return [name, f"failed: {figures['error']}"]
     intervals = figures["intervals"]
+    ttft = [_format(figures.get("ttft_p50_s"), " s"), _format(figures.get("ttft_p99_s"), " s")]
     return [
         name,
         f"{figures['programs']} ({figures['failed_programs']})",
@@ -670,11 +691,13 @@ def _jct_row(name: str, figures: dict[str, Any]) -> list[str]:
         _format(figures["turn_latency_median_s"], " s"),
         _format(figures["tokens_per_s"], "", 1),
         _format(figures["time_saved_vs_stock_vllm_pct"], "%", 1),
+        *(ttft if with_ttft else []),
     ]
 
 
 def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
     settings = summary["settings"]
+    with_ttft = has_first_tokens(summary)
     orders = "; ".join(" ".join(order) for order in summary["round_orders"])
     lines = [
         f"# Benchmark: {summary['workload']} ({summary['size']})",
@@ -730,21 +753,17 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         "Each with its 95% bootstrap interval over rounds and programs.",
         "",
         *markdown_table(
-            [
-                "system",
-                "programs (failed)",
-                "JCT mean",
-                "median",
-                "p90",
-                "p99",
-                "turn latency median",
-                "tokens/s",
-                "time saved vs stock vLLM",
-            ],
-            [_jct_row(name, figures) for name, figures in summary["systems"].items()],
+            JCT_HEADERS + (TTFT_HEADERS if with_ttft else []),
+            [_jct_row(name, figures, with_ttft) for name, figures in summary["systems"].items()],
         ),
         "",
-        "Time saved compares total job time over the programs both systems completed.",
+        "Time saved compares total job time over the programs both systems completed."
+        + (
+            " TTFT: seconds from sending a streamed turn to its first generated token, "
+            "over every round's turns."
+            if with_ttft
+            else ""
+        ),
         "",
         *_comparisons(summary),
         *_peer_report(summary),

@@ -65,7 +65,7 @@ def _raw_config(options: BenchOptions) -> dict[str, Any]:
 
 
 def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
-    plan = plan_workload(options.workload, options.size)
+    plan = plan_workload(options.workload, options.size, options.programs)
     catalog = system_catalog()
     unknown = [text for text in options.systems if parse_system(text)[0] not in catalog]
     if unknown:

@@ -172,7 +172,7 @@ def summarize(
     reference_system: str | None = None,
 ) -> dict[str, Any]:
     rounds = len(orders)
-    plan = plan_workload(options.workload, options.size)
+    plan = plan_workload(options.workload, options.size, options.programs)
     hot_path_config = plan.hot_path
     hot_path_figures = hot_path.figure_names(hot_path_config) if hot_path_config else []
     baseline = runs.get(BASELINE)
@@ -244,6 +244,7 @@ def summarize(
         "workload": options.workload,
         "workload_description": description,
         "size": options.size,
+        **({"programs_per_round": plan.programs} if plan.programs is not None else {}),
         "seed": options.seed,
         "rounds": rounds,
         "order_seed": order_seed,

@@ -16,7 +16,7 @@ from bench.workloads.speculation import speculation_plan
 from bench.workloads.trace import many_agent_plan
 from bench.workloads.workflows import workflow_plan
 
-__all__ = ["SIZES", "WORKLOADS", "Size", "WorkloadPlan", "plan_workload"]
+__all__ = ["PROGRAM_COUNT_WORKLOADS", "SIZES", "WORKLOADS", "Size", "WorkloadPlan", "plan_workload"]
 
 WORKLOADS: dict[str, Callable[[Size], WorkloadPlan]] = {
     "many-agent": many_agent_plan,
@@ -35,7 +35,23 @@ WORKLOADS: dict[str, Callable[[Size], WorkloadPlan]] = {
 }
 
 
-def plan_workload(name: str, size: Size) -> WorkloadPlan:
+PROGRAM_COUNT_WORKLOADS: dict[str, Callable[[Size, int | None], WorkloadPlan]] = {
+    "many-agent": many_agent_plan,
+    "trace-replay": trace_replay_plan,
+}
+"""The workloads sized by a count of programs, which `--programs` can change."""
+
+
+def plan_workload(name: str, size: Size, programs: int | None = None) -> WorkloadPlan:
+    """`programs`: that many a round instead of the size's own count, for the
+    workloads in PROGRAM_COUNT_WORKLOADS; any other refuses it."""
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
-    return WORKLOADS[name](size)
+    if programs is None:
+        return WORKLOADS[name](size)
+    if name not in PROGRAM_COUNT_WORKLOADS:
+        raise ValueError(
+            f"--programs applies to the workloads sized by their programs "
+            f"({', '.join(PROGRAM_COUNT_WORKLOADS)}), not to {name!r}"
+        )
+    return PROGRAM_COUNT_WORKLOADS[name](size, programs)

@@ -41,3 +41,33 @@ class WorkloadPlan:
     hot_path: HotPathConfig | None = None
     """Phases of one-token completions sent instead of programs (`build` is then
     empty)."""
+    programs: int | None = None
+    """Programs a round, where the workload is sized by their count (`--programs`
+    sets it)."""
+
+
+def programs_update(
+    size_programs: int, size_arrival_rate_per_s: float, programs: int | None
+) -> dict[str, int | float]:
+    """`--programs N`: the change to a size's trace that runs N programs over the
+    arrival window of the size's own count (its programs over its rate), so only
+    the concurrency changes; none for the size's own count, whose programs stay
+    those drawn without the option."""
+    if programs is None or programs == size_programs:
+        return {}
+    if programs < 1:
+        raise ValueError(f"--programs must be at least 1, got {programs}")
+    return {
+        "programs": programs,
+        "arrival_rate_per_s": size_arrival_rate_per_s * programs / size_programs,
+    }
+
+
+def programs_note(size_programs: int, programs: int | None) -> str:
+    """What a plan's description adds when `--programs` changed its count."""
+    if programs is None or programs == size_programs:
+        return ""
+    return (
+        f"; --programs {programs}: {programs} programs instead of the size's "
+        f"{size_programs}, over the same arrival window, KV budget and context limit"
+    )

@@ -87,6 +87,9 @@ class Reply:
     first_result_s: float | None = None
     """Streamed replies: seconds from sending the request to the first chunk that
     carried tool results the server ran (None: it ran none)."""
+    first_token_s: float | None = None
+    """Streamed replies: seconds from sending the request to the first chunk that
+    carried generated text, content or a call (None: not streamed, or no text)."""
 
     def assistant_message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": self.content or ""}

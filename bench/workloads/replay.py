@@ -6,7 +6,9 @@ number of tokens (`min_tokens` = `max_tokens`, `ignore_eos`), and turns are
 separated by tool pauses. What the model happens to write can neither shorten
 nor lengthen the work, so every system does the same prefill and decode; the
 sampled text (temperature 0.7) does not repeat itself, so n-gram
-drafts are accepted at the rate unrepetitive text gives them.
+drafts are accepted at the rate unrepetitive text gives them. Turns are
+streamed, usage reported in the last chunk, so each records its time to the
+first token.
 
 Shapes, per agent kind (sources):
 - `coding`: a SWE-bench-style coding agent. Turns 10.9 ± 2.1 and tool pauses
@@ -38,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bench.workloads.distributions import Distribution, poisson_arrivals
 from bench.workloads.embedded_tokenizer import embedded_vocabulary_words
-from bench.workloads.plan import Size, WorkloadPlan
+from bench.workloads.plan import Size, WorkloadPlan, programs_note, programs_update
 from bench.workloads.program import (
     AGENT_TEMPERATURE,
     AgentProgram,
@@ -132,7 +134,10 @@ class ReplayProgram(AgentProgram):
         if shape.appended_text:
             self.messages.append({"role": "user", "content": shape.appended_text})
         self.turns_sent += 1
-        return TurnRequest(tool_choice="none", max_tokens=shape.output_tokens, exact_length=True)
+        # Streamed for the time to each turn's first token (the reply is the same).
+        return TurnRequest(
+            tool_choice="none", max_tokens=shape.output_tokens, exact_length=True, stream=True
+        )
 
     def execute(self, call: ToolCall) -> ToolOutcome:
         raise NotImplementedError("a replayed program declares no tools")
@@ -216,14 +221,18 @@ def vocabulary_text(words: Sequence[str]) -> TokenText:
     return text
 
 
-def trace_replay_plan(size: Size) -> WorkloadPlan:
+def trace_replay_plan(size: Size, programs: int | None = None) -> WorkloadPlan:
+    """`programs`: that many a round instead of the size's own count (`--programs`)."""
     if size == "quick":
-        config = ReplayConfig(programs=6, arrival_rate_per_s=0.5, max_context=3072)
+        sized = ReplayConfig(programs=6, arrival_rate_per_s=0.5, max_context=3072)
         kv_cache_mib, max_model_len = 384, 4096
     else:
         # The chat template's markup comes on top of the content's tokens.
-        config = ReplayConfig(programs=16, arrival_rate_per_s=0.2, max_context=7680)
+        sized = ReplayConfig(programs=16, arrival_rate_per_s=0.2, max_context=7680)
         kv_cache_mib, max_model_len = 1536, 8192
+    config = sized.model_copy(
+        update=programs_update(sized.programs, sized.arrival_rate_per_s, programs)
+    )
     return WorkloadPlan(
         name="trace-replay",
         size=size,
@@ -237,10 +246,12 @@ def trace_replay_plan(size: Size) -> WorkloadPlan:
             "pause statistics (arXiv 2511.02230, Table 1), coding contexts growing toward "
             "the model's limit (vLLM's AgentX write-up, Mooncake's SWE-bench traces); "
             "sources and token counts in bench/workloads/replay.py"
+            + programs_note(sized.programs, programs)
         ),
         build=lambda seed: generate_replay(
             config, seed, vocabulary_text(embedded_vocabulary_words())
         ),
         kv_cache_mib=kv_cache_mib,
         max_model_len=max_model_len,
+        programs=config.programs,
     )

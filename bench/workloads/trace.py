@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bench.workloads.coding_tools import EDIT_FILE, READ_FILE, RUN_TESTS, SEARCH_CODE
 from bench.workloads.distributions import Distribution, poisson_arrivals
-from bench.workloads.plan import Size, WorkloadPlan
+from bench.workloads.plan import Size, WorkloadPlan, programs_note, programs_update
 from bench.workloads.program import (
     AGENT_TEMPERATURE,
     AgentProgram,
@@ -254,9 +254,10 @@ def _quick_profile_turns(mean: float) -> Distribution:
     return Distribution(kind="normal", mean=mean, sd=1, low=2, high=5)
 
 
-def many_agent_plan(size: Size) -> WorkloadPlan:
+def many_agent_plan(size: Size, programs: int | None = None) -> WorkloadPlan:
+    """`programs`: that many a round instead of the size's own count (`--programs`)."""
     if size == "quick":
-        config = TraceConfig(
+        sized = TraceConfig(
             programs=6,
             arrival_rate_per_s=0.5,
             profiles=(
@@ -271,8 +272,11 @@ def many_agent_plan(size: Size) -> WorkloadPlan:
         # the prompt tokens the trace sends (12 programs took 4-6 minutes a system);
         # seed 0's 7 programs send about half of what its 12 do, and their live
         # contexts still outgrow the KV budget about threefold.
-        config = TraceConfig(programs=7, arrival_rate_per_s=0.25)
+        sized = TraceConfig(programs=7, arrival_rate_per_s=0.25)
         kv_cache_mib, max_model_len = 256, 4096
+    config = sized.model_copy(
+        update=programs_update(sized.programs, sized.arrival_rate_per_s, programs)
+    )
     return WorkloadPlan(
         name="many-agent",
         size=size,
@@ -283,8 +287,10 @@ def many_agent_plan(size: Size) -> WorkloadPlan:
             "call a tool (tool_choice=required). Not reproduced: program size (about 2k "
             "tokens here, tens of thousands in Continuum's traces; memory pressure comes "
             "from a small KV budget instead) and real tools (simulated latency and output)"
+            + programs_note(sized.programs, programs)
         ),
         build=lambda seed: generate_trace(config, seed),
         kv_cache_mib=kv_cache_mib,
         max_model_len=max_model_len,
+        programs=config.programs,
     )

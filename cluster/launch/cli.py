@@ -88,7 +88,7 @@ def _bench(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         config_path=args.config,
         output_dir=args.output,
-        run_name=args.name or default_run_name(args.workload, size),
+        run_name=args.name or default_run_name(args.workload, size, args.programs),
         argv=args.argv,
         model=args.model,
         kv_cache_mib=args.kv_cache_mib,
@@ -98,6 +98,7 @@ def _bench(args: argparse.Namespace) -> int:
         order_seed=args.order_seed,
         allow_dirty=args.allow_dirty,
         dashboards=args.dashboards,
+        programs=args.programs,
     )
     stop_on_signals()
     try:
@@ -134,6 +135,31 @@ def _bench_table(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         _log(f"error: {error}")
         return 2
+    return 0
+
+
+def _bench_sweep(args: argparse.Namespace) -> int:
+    from bench.sweep import (
+        SweepError,
+        read_sweep_runs,
+        sweep_caption,
+        sweep_points,
+        sweep_table,
+        sweep_title,
+        write_sweep_plot,
+    )
+
+    try:
+        runs = read_sweep_runs(args.runs)
+        points = sweep_points(runs)
+    except SweepError as error:
+        _log(f"error: {error}")
+        return 2
+    caption = sweep_caption(runs)
+    print("\n".join([caption, "", *sweep_table(points)]))
+    if args.plot is not None:
+        write_sweep_plot(points, sweep_title(runs), args.plot)
+        _log(f"{args.plot}: written")
     return 0
 
 
@@ -294,6 +320,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--size", choices=SIZES, default="default")
     bench.add_argument("--quick", action="store_true", help="same as --size quick")
+    bench.add_argument(
+        "--programs",
+        type=int,
+        metavar="N",
+        help="trace-replay and many-agent: N programs a round instead of the size's own "
+        "count, over the same arrival window, KV budget and max_model_len (a concurrency "
+        "sweep's point)",
+    )
     bench.add_argument("--seed", type=int, default=0, help="workload seed")
     bench.add_argument(
         "--repeats",
@@ -364,6 +398,22 @@ def build_parser() -> argparse.ArgumentParser:
         "from its records (the report gives it for runs recorded since it does)",
     )
     table.set_defaults(run=_bench_table)
+
+    sweep = commands.add_parser(
+        "bench-sweep",
+        help="set a concurrency sweep's runs (one workload and size at several --programs) "
+        "side by side: prefix-cache hit rate, TTFT p50/p99 and mean JCT per system and "
+        "concurrency",
+    )
+    sweep.add_argument("runs", nargs="+", type=Path, help="the sweep's run folders")
+    sweep.add_argument(
+        "--plot",
+        type=Path,
+        metavar="PNG",
+        help="also draw hit rate, TTFT p99 (log axis) and mean JCT against the programs "
+        "a round, a line per system",
+    )
+    sweep.set_defaults(run=_bench_sweep)
 
     helm_values = commands.add_parser(
         "helm-values", help="write the Helm chart's values for a profile (helm/toolserve)"

@@ -9,6 +9,7 @@ import math
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -143,6 +144,17 @@ def test_system_figures_leave_failed_programs_out_of_jct() -> None:
     assert figures.prefix_reuse_rate == pytest.approx(250 / 400)
     assert figures.unusable_call_rate == pytest.approx(1 / 6)
     assert figures.time_saved_vs_stock_vllm_pct is None
+
+
+def test_time_to_first_token_is_taken_over_the_answered_streamed_turns() -> None:
+    timed = [replace(_request("s", turn, 1.0), first_token_s=0.1 * turn) for turn in range(1, 6)]
+    failed = replace(_request("s", 6, 1.0), first_token_s=9.0, error="APIError: boom")
+    untimed = _request("s", 7, 1.0)
+    figures = system_figures([_program("s", "p", 5.0)], [*timed, failed, untimed], 10.0)
+    assert figures.ttft_p50_s == pytest.approx(0.3)
+    assert figures.ttft_p99_s == pytest.approx(0.496)
+    unstreamed = system_figures([_program("s", "p", 5.0)], [untimed], 10.0)
+    assert unstreamed.ttft_p50_s is None and unstreamed.ttft_p99_s is None
 
 
 def test_prefix_reuse_is_unknown_when_the_server_does_not_report_it() -> None:
@@ -439,6 +451,44 @@ def test_summary_report_and_plots(tmp_path: Path) -> None:
     write_plots(tmp_path, list(runs), programs, requests)
     for name in PLOTS.values():
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
+
+
+JCT_TABLE_HEADER = (
+    "| system | programs (failed) | JCT mean | median | p90 | p99 | turn latency median "
+    "| tokens/s | time saved vs stock vLLM |"
+)
+
+
+def test_the_report_gives_ttft_only_for_a_run_that_timed_first_tokens(tmp_path: Path) -> None:
+    def summary_of(requests: list[RequestRecord], programs: int | None) -> dict[str, Any]:
+        runs = {
+            "stock-vllm": ArmRuns(
+                "stock-vllm", [_arm_run([_program("stock-vllm", "a", 10.0)], requests, 10.0)]
+            )
+        }
+        options = replace(_options(tmp_path, list(runs), "trace-replay"), programs=programs)
+        return summarize(options, "replay", _settings(), 128, [list(runs)], runs, _provenance(), 0)
+
+    timed = [
+        replace(_request("stock-vllm", turn, 2.0), first_token_s=seconds)
+        for turn, seconds in enumerate((0.5, 1.5))
+    ]
+    summary = summary_of(timed, 32)
+    assert summary["programs_per_round"] == 32
+    assert summary["systems"]["stock-vllm"]["ttft_p50_s"] == pytest.approx(1.0)
+    report = write_markdown(tmp_path, summary).read_text()
+    assert JCT_TABLE_HEADER + " TTFT p50 | TTFT p99 |" in report
+    assert "| 1.00 s | 1.49 s |" in report
+    assert "TTFT: seconds from sending a streamed turn to its first generated token" in report
+
+    untimed = summary_of([_request("stock-vllm", 0, 2.0)], None)
+    assert untimed["programs_per_round"] == 6, "the quick size's own count"
+    report = write_markdown(tmp_path, untimed).read_text()
+    assert JCT_TABLE_HEADER + "\n" in report and "TTFT" not in report
+    # A summary written before TTFT was recorded has no such figures at all.
+    for figures in untimed["systems"].values():
+        del figures["ttft_p50_s"], figures["ttft_p99_s"]
+    assert write_markdown(tmp_path, untimed).read_text() == report
 
 
 def test_a_dirty_run_says_so_in_its_report(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from bench.records import (
     RECORDS_FILE,
     ClientStall,
     ProgramRecord,
+    RequestRecord,
     append_records,
     open_records,
     program_record,
@@ -39,6 +40,7 @@ def test_a_request_record_is_the_programs_latest_turn() -> None:
         completion_tokens=14,
         replica="replica-1",
         first_result_s=0.4,
+        first_token_s=0.2,
     )
     record = request_record("toolserve", 1, program, 2.5, 0.75, reply, ToolRound(1.25, 2, 1), None)
     assert record.as_json() == {
@@ -60,6 +62,7 @@ def test_a_request_record_is_the_programs_latest_turn() -> None:
         "error": None,
         "replica": "replica-1",
         "first_result_s": 0.4,
+        "first_token_s": 0.2,
     }
 
 
@@ -68,6 +71,18 @@ def test_a_failed_request_records_no_tokens_and_no_tool_round() -> None:
     assert (record.prompt_tokens, record.cached_tokens, record.completion_tokens) == (0, None, 0)
     assert (record.tool_calls, record.unusable_calls, record.tool_latency_s) == (0, 0, 0.0)
     assert record.error == "APIError: boom" and record.replica is None
+    assert record.first_token_s is None
+
+
+def test_a_request_recorded_before_first_tokens_were_timed_reads_back_without_one() -> None:
+    older = {
+        "system": "stock-vllm", "repeat": 0, "program_id": "p", "agent_type": "coding",
+        "turn_index": 0, "sent_s": 0.0, "latency_s": 1.0, "prompt_tokens": 10,
+        "cached_tokens": 0, "completion_tokens": 5, "finish_reason": "length",
+        "tool_calls": 0, "unusable_calls": 0, "tool_latency_s": 0.0, "error": None,
+        "replica": None, "first_result_s": None,
+    }  # fmt: skip
+    assert RequestRecord(**older).first_token_s is None
 
 
 def test_a_programs_jct_runs_from_its_arrival() -> None:

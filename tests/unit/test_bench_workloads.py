@@ -17,7 +17,7 @@ import pytest
 from pydantic import ValidationError
 
 from bench.tools import record_text
-from bench.workloads import SIZES, WORKLOADS, plan_workload
+from bench.workloads import PROGRAM_COUNT_WORKLOADS, SIZES, WORKLOADS, plan_workload
 from bench.workloads.bfcl import (
     BfclConfig,
     SafeDispatcher,
@@ -37,6 +37,7 @@ from bench.workloads.conveyor import (
     generate_conveyor,
 )
 from bench.workloads.distributions import Distribution, poisson_arrivals
+from bench.workloads.plan import programs_update
 from bench.workloads.program import AGENT_TEMPERATURE, Reply, ToolCall, ToolOutcome
 from bench.workloads.speculation import RecordsProgram, RecordsTaskConfig, generate_speculation
 from bench.workloads.trace import (
@@ -433,6 +434,58 @@ def test_the_many_agent_quick_programs_stay_the_same() -> None:
         .messages[-1]["content"]
         .startswith("Issue 0002: `router_0002.process()` fails when the input is ")
     )
+
+
+def _arrival_rate(description: str) -> float:
+    found = re.search(r"Poisson arrivals at ([0-9.]+)/s", description)
+    assert found is not None, description
+    return float(found[1])
+
+
+@pytest.mark.parametrize("name", list(PROGRAM_COUNT_WORKLOADS))
+@pytest.mark.parametrize("size", SIZES)
+def test_programs_sets_the_count_over_the_sizes_arrival_window_and_budget(
+    name: str, size: str
+) -> None:
+    plan = plan_workload(name, size)  # type: ignore[arg-type]
+    assert plan.programs is not None
+    count = 4 * plan.programs
+    scaled = plan_workload(name, size, count)  # type: ignore[arg-type]
+    assert scaled.programs == count and len(scaled.build(0)) == count
+    assert (scaled.kv_cache_mib, scaled.max_model_len) == (plan.kv_cache_mib, plan.max_model_len)
+    assert scaled.description.startswith(f"{count} agent programs")
+    assert f"--programs {count}: {count} programs instead of the size's {plan.programs}" in (
+        scaled.description
+    )
+    # Four times the programs arrive four times as fast: the same window.
+    assert _arrival_rate(scaled.description) == pytest.approx(4 * _arrival_rate(plan.description))
+
+
+@pytest.mark.parametrize("name", list(PROGRAM_COUNT_WORKLOADS))
+@pytest.mark.parametrize("size", SIZES)
+def test_the_sizes_own_count_draws_the_programs_drawn_without_the_option(
+    name: str, size: str
+) -> None:
+    plan = plan_workload(name, size)  # type: ignore[arg-type]
+    same = plan_workload(name, size, plan.programs)  # type: ignore[arg-type]
+    assert same.description == plan.description
+    assert [_program_fingerprint(p) for p in same.build(0)] == [
+        _program_fingerprint(p) for p in plan.build(0)
+    ]
+
+
+def test_programs_scales_the_arrival_rate_with_the_count() -> None:
+    assert programs_update(16, 0.2, 64) == {"programs": 64, "arrival_rate_per_s": 0.8}
+    assert programs_update(6, 0.5, 3) == {"programs": 3, "arrival_rate_per_s": 0.25}
+    assert programs_update(16, 0.2, 16) == programs_update(16, 0.2, None) == {}
+    with pytest.raises(ValueError, match="at least 1"):
+        plan_workload("trace-replay", "quick", 0)
+
+
+@pytest.mark.parametrize("name", sorted(set(WORKLOADS) - set(PROGRAM_COUNT_WORKLOADS)))
+def test_workloads_not_sized_by_programs_refuse_a_count(name: str) -> None:
+    with pytest.raises(ValueError, match=f"--programs applies to .* not to '{name}'"):
+        plan_workload(name, "quick", 8)
 
 
 def test_unknown_workload_is_rejected() -> None:

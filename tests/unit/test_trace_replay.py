@@ -83,6 +83,7 @@ def test_a_replayed_turn_asks_for_exactly_its_tokens_then_pauses() -> None:
         request = program.next_request()
         assert request is not None
         assert request.exact_length and request.max_tokens == shape.output_tokens
+        assert request.stream, "streamed, for the time to the turn's first token"
         assert not program.tools and not request.expects_tool_call
         if index:
             assert program.messages[-1] == {"role": "user", "content": shape.appended_text}
