@@ -27,26 +27,13 @@ KEPT = (
 # only shrinks: a run leaves it when its folder holds the kept set alone.
 RAW_OUTPUT_STILL_COMMITTED = frozenset(
     {
-        "aa-stock-vllm-current", "aa-stock-vllm-quick", "aa-stock-vllm-quick-2",
-        "aa-toolserve-quick", "aiperf-multi-turn-quick", "bfcl-quick", "bfcl-quick-1cf79dc",
-        "bfcl-speculation-defaults", "bfcl-speculation-quick-157800b",
-        "bugfix-6-prompt-lookup-quick", "bugfix-6-quick", "bugfix-6-quick-1cf79dc",
-        "bugfix-6-threads-fixed", "burst-a199e8c", "burst-prompt-lookup-cap", "burst-quick",
-        "burst-threads-fixed", "codegen-quick-157800b", "coding-35-bb19f59", "coding-35-calls",
-        "coding-35-current", "coding-35-front-end", "coding-35-rounds", "coding-35-rounds-2",
-        "coding-35-threads-fixed", "conveyor-on-the-stream", "conveyor-on-the-stream-4096",
-        "conveyor-on-the-stream-quick", "conveyor-partial-execution",
-        "conveyor-partial-execution-quick", "dashboards-many-agent-quick-2", "fuzz-300",
-        "hot-path-75cccbe", "hot-path-default", "hot-path-default-2", "hot-path-direct",
-        "hot-path-in-ingress", "hot-path-one-loop", "many-agent-1cde23f", "many-agent-cap",
-        "many-agent-cap-075", "many-agent-current", "many-agent-default-3",
-        "many-agent-default-rounds", "many-agent-prompt-lookup", "many-agent-quick-rounds",
-        "many-agent-router-6", "many-agent-small-pool-admission", "many-agent-window-a199e8c",
-        "reliability-16x5", "reliability-64x10", "reliability-64x10-queue-8",
-        "reliability-faults", "repeated-prompt-quick", "speculation-defaults-rounds",
-        "speculation-quick-157800b", "threads-quick",
+        "burst-prompt-lookup-cap",
+        "conveyor-on-the-stream-4096",
+        "conveyor-on-the-stream-quick",
+        "many-agent-current",
+        "many-agent-default-3",
     }
-)  # fmt: skip
+)
 INDEX_FILES = ("SUPERSEDED.md",)
 
 
