@@ -1,12 +1,10 @@
-"""Tool calls read off the model's text while it streams: a parser per chat
-format, fed text deltas, emitting events as soon as the text decides them (a call
-started with its name, an argument field completed, a string argument growing, a
-call closed, a call malformed). Each delta is scanned once; nothing is re-parsed
-from the start. One parser serves one stream, for every consumer of its events.
-
-The hermes format (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`) is
-read as vLLM's hermes tool parser reads it: a call is the text up to the first
-closing tag, or up to the end of the reply when the last call is never closed.
+"""Tool calls read off a streamed reply: vLLM's front end streams each call as
+OpenAI-style `delta.tool_calls` fragments (the name, then its arguments' JSON text
+in pieces); the parser assembles them and emits events as soon as the text decides
+them (a call started with its name, an argument field completed, a string argument
+growing, a call closed, a call malformed). Each fragment is scanned once; nothing
+is re-parsed from the start. One parser serves one streamed round, for every
+consumer of its calls and events.
 """
 
 from __future__ import annotations
@@ -14,7 +12,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any
+
+from cluster.openai_protocol import ToolCallDeltas
 
 
 @dataclass(frozen=True)
@@ -76,14 +76,6 @@ CallEvent = (
     | CallClosed
     | CallMalformed
 )
-
-
-class StreamingCallParser(Protocol):
-    def feed(self, text: str) -> list[CallEvent]:
-        """Events the text decides, given everything fed before."""
-
-    def finish(self) -> list[CallEvent]:
-        """Events of the end of the reply (a last call never closed)."""
 
 
 class JsonSyntaxError(ValueError):
@@ -313,24 +305,11 @@ class JsonScanner:
         self._on_value(path, start, end)
 
 
-_OPEN_TAG = "<tool_call>"
-_CLOSE_TAG = "</tool_call>"
-
-
-def _tag_prefix_at_end(text: str, tag: str) -> int:
-    """Length of the longest end of `text` that begins `tag`."""
-    for length in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:length]):
-            return length
-    return 0
-
-
 @dataclass
-class _ScannedCall:
-    """One call's JSON read as it streams: the events of its top-level arguments.
-    `_ARGUMENTS` is the path of the arguments object inside the scanned JSON."""
+class _DeltaCall:
+    """One call's arguments JSON read as OpenAI-style deltas stream it: the events
+    of its top-level arguments."""
 
-    _ARGUMENTS: ClassVar[_Path] = ()
     index: int
     scanner: JsonScanner = field(init=False)
     name: str | None = None
@@ -341,25 +320,19 @@ class _ScannedCall:
     # What the call closes with. Duplicate keys resolve as JSON decoders resolve
     # them: the last one wins.
     fields: dict[str, Any] = field(default_factory=dict)
-    """Argument fields decoded since the last arguments object opened."""
+    """Argument fields decoded so far."""
     arguments: dict[str, Any] | None = None
     arguments_is_object: bool = True
+    closed: bool = False
 
     def __post_init__(self) -> None:
         self.scanner = JsonScanner(self._on_value, self._on_string, self._is_argument)
 
-    def _is_argument(self, path: _Path) -> bool:
-        depth = len(self._ARGUMENTS)
-        return (
-            len(path) == depth + 1
-            and path[:depth] == self._ARGUMENTS
-            and isinstance(path[depth], str)
-        )
+    @staticmethod
+    def _is_argument(path: _Path) -> bool:
+        return len(path) == 1 and isinstance(path[0], str)
 
-    def _is_argument_item(self, path: _Path) -> bool:
-        return self._is_argument(path[:-1]) and isinstance(path[-1], int)
-
-    def _start(self, name: str) -> None:
+    def start(self, name: str) -> None:
         self.name = name
         self.events += [CallStarted(self.index, name), *self.held]
         self.held.clear()
@@ -369,15 +342,15 @@ class _ScannedCall:
 
     def _on_value(self, path: _Path, start: int, end: int) -> None:
         text = self.scanner.text
-        if path == self._ARGUMENTS:
+        if path == ():
             self.arguments_is_object = text[start] == "{"
-            self.arguments, self.fields = self.fields, {}
+            self.arguments = self.fields
         elif self._is_argument(path):
-            value = self.fields[str(path[-1])] = json.loads(text[start:end])
-            self._emit(ArgumentCompleted(self.index, str(path[-1]), value))
-        elif self._is_argument_item(path):
+            value = self.fields[str(path[0])] = json.loads(text[start:end])
+            self._emit(ArgumentCompleted(self.index, str(path[0]), value))
+        elif len(path) == 2 and self._is_argument(path[:1]) and isinstance(path[1], int):
             item = json.loads(text[start:end])
-            self._emit(ArgumentItemCompleted(self.index, str(path[-2]), int(path[-1]), item))
+            self._emit(ArgumentItemCompleted(self.index, str(path[0]), path[1], item))
 
     def _on_string(self, path: _Path, text: str) -> None:
         if text:
@@ -387,106 +360,14 @@ class _ScannedCall:
         events, self.events = self.events, []
         return events
 
-    def _scanned(self, cut: str) -> CallMalformed | None:
-        """Whether the JSON read is whole and valid; `cut`: what ended it early."""
+    def close(self) -> CallEvent:
+        self.closed = True
         scanner = self.scanner
         scanner.finish()
         if scanner.error is not None:
             return CallMalformed(self.index, f"not JSON: {scanner.error}")
         if not scanner.done:
-            return CallMalformed(self.index, f"{cut} before its JSON did")
-        return None
-
-
-@dataclass
-class _HermesCall(_ScannedCall):
-    """`{"name": ..., "arguments": {...}}` between the hermes tags."""
-
-    _ARGUMENTS: ClassVar[_Path] = ("arguments",)
-    is_object: bool = False
-    last_name: Any = None
-
-    def _on_value(self, path: _Path, start: int, end: int) -> None:
-        text = self.scanner.text
-        if path == ():
-            self.is_object = text[start] == "{"
-        elif path == ("name",):
-            self.last_name = json.loads(text[start:end])
-            if isinstance(self.last_name, str) and self.name is None:
-                self._start(self.last_name)
-        else:
-            super()._on_value(path, start, end)
-
-    def close(self, truncated: bool) -> CallEvent:
-        malformed = self._scanned("the reply ended" if truncated else "the call closed")
-        if malformed is not None:
-            return malformed
-        if not self.is_object or not isinstance(self.last_name, str):
-            return CallMalformed(self.index, "not an object with a string `name`")
-        if not self.arguments_is_object:
-            return CallMalformed(self.index, "`arguments` is not an object")
-        return CallClosed(self.index, self.last_name, self.arguments or {})
-
-
-class HermesCallParser:
-    """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, as many as the
-    reply makes, with any text around them."""
-
-    def __init__(self) -> None:
-        self._pending = ""
-        self._call: _HermesCall | None = None
-        self._calls = 0
-
-    def feed(self, text: str) -> list[CallEvent]:
-        self._pending += text
-        events: list[CallEvent] = []
-        while self._pending:
-            call = self._call
-            if call is None:
-                at = self._pending.find(_OPEN_TAG)
-                if at < 0:
-                    keep = _tag_prefix_at_end(self._pending, _OPEN_TAG)
-                    self._pending = self._pending[len(self._pending) - keep :]
-                    break
-                self._pending = self._pending[at + len(_OPEN_TAG) :]
-                self._call = _HermesCall(self._calls)
-                self._calls += 1
-                continue
-            at = self._pending.find(_CLOSE_TAG)
-            if at < 0:
-                keep = _tag_prefix_at_end(self._pending, _CLOSE_TAG)
-                call.scanner.feed(self._pending[: len(self._pending) - keep])
-                self._pending = self._pending[len(self._pending) - keep :]
-                events += call.take()
-                break
-            call.scanner.feed(self._pending[:at])
-            self._pending = self._pending[at + len(_CLOSE_TAG) :]
-            events += call.take()
-            events.append(call.close(truncated=False))
-            self._call = None
-        return events
-
-    def finish(self) -> list[CallEvent]:
-        call = self._call
-        if call is None:
-            return []
-        call.scanner.feed(self._pending)
-        self._pending = ""
-        self._call = None
-        return [*call.take(), call.close(truncated=True)]
-
-
-@dataclass
-class _DeltaCall(_ScannedCall):
-    """A call's arguments JSON, as OpenAI-style deltas stream it."""
-
-    closed: bool = False
-
-    def close(self) -> CallEvent:
-        self.closed = True
-        malformed = self._scanned("the reply ended")
-        if malformed is not None:
-            return malformed
+            return CallMalformed(self.index, "the reply ended before its JSON did")
         if self.name is None:
             return CallMalformed(self.index, "no `name`")
         if not self.arguments_is_object:
@@ -495,15 +376,21 @@ class _DeltaCall(_ScannedCall):
 
 
 class ToolCallDeltaParser:
-    """The same events from OpenAI-style `delta.tool_calls` fragments (what vLLM's
-    front end streams once its own parser has read the model's text): a call by
-    its `index`, started by the first fragment naming it, closed as soon as its
-    arguments object closes (or, unclosed, at the end of the reply)."""
+    """One streamed reply's `delta.tool_calls` fragments (what vLLM's front end
+    streams once its own tool parser has read the model's text), read once: the
+    calls assembled by their `index`, and, when `scan`, the events: a call started
+    by the first fragment naming it, closed as soon as its arguments object closes
+    (or, unclosed, at the end of the reply)."""
 
-    def __init__(self) -> None:
+    def __init__(self, scan: bool = True) -> None:
+        self.assembled = ToolCallDeltas()
+        self._scan = scan
         self._calls: dict[int, _DeltaCall] = {}
 
     def feed(self, fragments: list[dict[str, Any]]) -> list[CallEvent]:
+        self.assembled.feed(fragments)
+        if not self._scan:
+            return []
         events: list[CallEvent] = []
         for fragment in fragments:
             index = int(fragment.get("index", 0))
@@ -512,7 +399,7 @@ class ToolCallDeltaParser:
                 continue
             function = fragment.get("function") or {}
             if call.name is None and function.get("name"):
-                call._start(str(function["name"]))
+                call.start(str(function["name"]))
             call.scanner.feed(function.get("arguments") or "")
             events += call.take()
             if call.scanner.done or call.scanner.error is not None:
@@ -527,21 +414,6 @@ class ToolCallDeltaParser:
         return events
 
 
-STREAMING_CALL_PARSERS: dict[str, Callable[[], StreamingCallParser]] = {
-    "hermes": HermesCallParser,
-}
-
-
-CALL_CLOSING_MARKERS: dict[str, str] = {"hermes": _CLOSE_TAG}
-"""The text that ends one call in each chat format's replies."""
-
-
-def streaming_call_parser(chat_format: str) -> StreamingCallParser:
-    """A fresh parser for one stream of the chat format (vLLM's tool-call parser name)."""
-    try:
-        return STREAMING_CALL_PARSERS[chat_format]()
-    except KeyError:
-        known = ", ".join(sorted(STREAMING_CALL_PARSERS))
-        raise ValueError(
-            f"no streaming tool-call parser for {chat_format!r}; known: {known}"
-        ) from None
+CALL_CLOSING_MARKERS: dict[str, str] = {"hermes": "</tool_call>"}
+"""The text that ends one call in each chat format's replies (vLLM's tool-call
+parser names)."""

@@ -23,13 +23,12 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from cluster.config import ContinuationConfig
 from cluster.openai_protocol import (
     SSE_DONE,
     ModelToolCall,
-    ToolCallDeltas,
     message_tool_calls,
     sse_event,
     sse_payloads,
@@ -166,6 +165,42 @@ def summed_usage(
 
 
 @dataclass
+class ReplyRound:
+    """One round answered whole: the engine's non-streamed reply."""
+
+    reply: dict[str, Any]
+    failed: ClassVar[bool] = False
+
+    @property
+    def content(self) -> str:
+        return str(self.reply["choices"][0]["message"].get("content") or "")
+
+    @property
+    def finish_reason(self) -> str | None:
+        reason: str | None = self.reply["choices"][0].get("finish_reason")
+        return reason
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        usage: dict[str, Any] | None = self.reply.get("usage")
+        return usage
+
+    @property
+    def tool_calls(self) -> list[ModelToolCall]:
+        return message_tool_calls(self.reply["choices"][0]["message"])
+
+    def closing_reply(
+        self, response_id: str, total_usage: dict[str, Any] | None, executed: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """The reply the client gets: this last round's, under the first round's id,
+        with the usage of every round and the messages the server added."""
+        if not executed:
+            return self.reply
+        reply = self.reply | {"id": response_id, "usage": total_usage}
+        return with_executed_messages(reply, executed)
+
+
+@dataclass
 class StreamRound:
     """One round of a streamed reply. `feed` returns what to send on at once:
     every chunk rewritten to the response's id, content deltas as they are,
@@ -175,14 +210,33 @@ class StreamRound:
     keep_chunk_usage: bool = True
     """False: the engine reports usage in every chunk for the round's own
     accounting (a round stopped early has no final usage), not for the client."""
+    scan_calls: bool = False
+    """Read the round's calls as they stream (`take_call_events`), not only whole."""
     content: str = ""
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     failed: bool = False
-    _calls: ToolCallDeltas = field(default_factory=ToolCallDeltas)
-    _new_call_fragments: list[dict[str, Any]] = field(default_factory=list)
+    _calls: ToolCallDeltaParser = field(init=False)
+    _new_call_events: list[CallEvent] = field(default_factory=list)
     _finish_chunk: dict[str, Any] | None = None
     _template: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        self._calls = ToolCallDeltaParser(scan=self.scan_calls)
+
+    async def read(
+        self, stream: AsyncIterator[str], watch: RoundCalls | None
+    ) -> AsyncIterator[str]:
+        """The round's chunks to send on, as `feed` gives them; the round stops being
+        read (and the engine's request is aborted) at a call the watch rejects."""
+        async for chunk in stream:
+            for forwarded in self.feed(chunk):
+                yield forwarded
+            if watch is not None and await watch.feed(self.take_call_events()):
+                await _close(stream)
+                return
+        if watch is not None:
+            await watch.end(self._calls.finish())
 
     def feed(self, sse: str) -> list[str]:
         forward = []
@@ -207,9 +261,7 @@ class StreamRound:
         """Records the chunk's calls and finish; True when something is left to send."""
         choice = data["choices"][0]
         delta = choice.get("delta") or {}
-        fragments = delta.pop("tool_calls", None) or []
-        self._calls.feed(fragments)
-        self._new_call_fragments += fragments
+        self._new_call_events += self._calls.feed(delta.pop("tool_calls", None) or [])
         self.content += delta.get("content") or ""
         if choice.get("finish_reason") is None:
             return bool(delta)
@@ -220,18 +272,18 @@ class StreamRound:
 
     @property
     def tool_calls(self) -> list[ModelToolCall]:
-        return self._calls.calls()
+        return self._calls.assembled.calls()
 
-    def take_call_fragments(self) -> list[dict[str, Any]]:
-        """The `delta.tool_calls` fragments fed since the last take."""
-        fragments, self._new_call_fragments = self._new_call_fragments, []
-        return fragments
+    def take_call_events(self) -> list[CallEvent]:
+        """The call events of the fragments fed since the last take."""
+        events, self._new_call_events = self._new_call_events, []
+        return events
 
     def stopped_at(self, index: int) -> None:
         """The round was stopped while the model wrote call `index`: the calls before
         it stand, and the round finishes as a reply that made them (or none)."""
-        self._calls.drop_from(index)
-        self.finish_reason = "tool_calls" if self._calls else "stop"
+        self._calls.assembled.drop_from(index)
+        self.finish_reason = "tool_calls" if self._calls.assembled else "stop"
         self._finish_chunk = self._chunk({}, self.finish_reason)
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
@@ -246,7 +298,7 @@ class StreamRound:
         """The end of the reply: held tool calls (whole), the finish chunk, the
         usage summed over all rounds when the client asked for it, `[DONE]`."""
         chunks = []
-        if self._calls:
+        if self._calls.assembled:
             parts = [
                 {"index": index} | call.as_message_part()
                 for index, call in enumerate(self.tool_calls)
@@ -264,8 +316,8 @@ class StreamRound:
 
 
 class RoundCalls:
-    """One streamed round's `delta.tool_calls` fragments, read once for every
-    consumer: the round's partial runs get the call events, and the validator
+    """One streamed round's call events, for every consumer: the round's partial
+    runs get them, and the validator
     stops the round at the first call that can never be valid, when the server
     would answer it (a hosted tool's call, or a tool the request does not
     declare) and every call before it. A declared client tool's call is the
@@ -277,7 +329,6 @@ class RoundCalls:
         validator: CallValidator | None,
         client_tools: set[str],
     ):
-        self._parser = ToolCallDeltaParser()
         self._partial = partial
         self._validator = validator
         self._client_tools = client_tools
@@ -285,15 +336,15 @@ class RoundCalls:
         self._arguments: dict[int, dict[str, Any]] = {}
         self.rejected: CallRejected | None = None
 
-    async def feed(self, fragments: list[dict[str, Any]]) -> bool:
-        """The round's next fragments; True: stop the round (see `rejected`)."""
-        if fragments:
-            await self._handle(self._parser.feed(fragments))
+    async def feed(self, events: list[CallEvent]) -> bool:
+        """The round's next events; True: stop the round (see `rejected`)."""
+        if events:
+            await self._handle(events)
         return self.rejected is not None
 
-    async def end(self) -> None:
-        """The round's stream ended."""
-        await self._handle(self._parser.finish())
+    async def end(self, events: list[CallEvent]) -> None:
+        """The round's stream ended, with these last events."""
+        await self._handle(events)
 
     async def _handle(self, events: list[CallEvent]) -> None:
         if self._partial is not None:
@@ -347,9 +398,10 @@ model), an async iterator of SSE chunks, or an `ApiError`."""
 
 
 class Continuation:
-    """One turn's rounds after the first: while a round ends in calls the server
-    can answer, answer them and run the next round, up to `max_rounds`.
-    `turn_ended` hears the tool each round called (None: the turn is not tracked)."""
+    """One turn's rounds, streamed or not, in one loop: while a round ends in calls
+    the server can answer, answer them and run the next round, up to `max_rounds`.
+    `turn_ended` hears the tool each round called, the first included (None: the
+    turn is not tracked)."""
 
     def __init__(
         self,
@@ -367,46 +419,15 @@ class Continuation:
         self._create = create
         self._turn_ended = turn_ended
         self.calls_made: list[ModelToolCall] = []
-        """Every call of the streamed reply once it ended: those the server ran,
-        then those that went to the client."""
+        """Every call of the reply once it ended: those the server ran, then those
+        that went to the client."""
 
     async def reply(self, reply: dict[str, Any]) -> dict[str, Any]:
         """The non-streamed reply once no round is left to run, given the first."""
-        response_id = reply["id"]
-        usage = reply.get("usage")
-        executed: list[dict[str, Any]] = []
-        for round_index in range(1, self._config.max_rounds + 1):
-            choice = reply["choices"][0]
-            calls = message_tool_calls(choice["message"])
-            if not calls or not calls_complete(choice.get("finish_reason")):
-                break
-            outputs = await self._answer_calls(calls)
-            if outputs is None:
-                break
-            messages = round_messages(choice["message"].get("content"), calls, outputs)
-            following = next_round_body(
-                self._body,
-                executed + messages,
-                (usage or {}).get("completion_tokens", 0),
-                round_index,
-            )
-            if following is None:
-                break
-            result = await self._create(following)
-            if isinstance(result, ApiError):
-                logger.warning("continuation stopped: %s", result.message)
-                break
-            executed += messages
-            reply = result.model_dump(mode="json")
-            usage = summed_usage(usage, reply.get("usage"))
-            if self._turn_ended is not None:
-                made = message_tool_calls(reply["choices"][0]["message"])
-                self._turn_ended(made[0].name if made else None)
-        if not executed:
-            return reply
-        reply["id"] = response_id
-        reply["usage"] = usage
-        return with_executed_messages(reply, executed)
+        async for part in self._rounds(reply):
+            if isinstance(part, dict):
+                return part
+        raise AssertionError("the rounds of a non-streamed turn end in its reply")
 
     async def stream(
         self,
@@ -417,34 +438,48 @@ class Continuation:
         """The streamed reply's SSE chunks, given the first round's. With
         `stops_invalid_calls`, the engine's chunks carry usage; the client sees it
         there only if it asked (`client_wants_chunk_usage`)."""
-        response_id = f"chatcmpl-{self._body['request_id']}"
+        async for part in self._rounds(stream, client_wants_usage, client_wants_chunk_usage):
+            if isinstance(part, str):
+                yield part
+
+    async def _rounds(
+        self,
+        first: dict[str, Any] | AsyncIterator[str],
+        client_wants_usage: bool = False,
+        client_wants_chunk_usage: bool = False,
+    ) -> AsyncIterator[str | dict[str, Any]]:
+        """The turn's rounds, streamed or not: each round's chunks to send on as it
+        streams, then the reply's end (the closing chunks, or the reply itself)."""
+        streamed = not isinstance(first, dict)
+        response_id = (
+            str(first["id"]) if isinstance(first, dict) else f"chatcmpl-{self._body['request_id']}"
+        )
         usage: dict[str, Any] | None = None
         executed: list[dict[str, Any]] = []
+        result: Any = first
         round_index = 1
         while True:
-            current = StreamRound(response_id, keep_chunk_usage=client_wants_chunk_usage)
-            partial = self._partial_execution()
-            validator = self._validator(round_index)
-            watch = (
-                RoundCalls(partial, validator, self._client_tools)
-                if partial is not None or validator is not None
-                else None
-            )
+            partial = watch = None
+            current: ReplyRound | StreamRound
+            if streamed:
+                partial = self._partial_execution()
+                validator = self._validator(round_index)
+                if partial is not None or validator is not None:
+                    watch = RoundCalls(partial, validator, self._client_tools)
+                current = StreamRound(
+                    response_id, client_wants_chunk_usage, scan_calls=watch is not None
+                )
+            else:
+                current = ReplyRound(result)
             rejected = None
             try:
-                async for chunk in stream:
-                    for forwarded in current.feed(chunk):
+                if isinstance(current, StreamRound):
+                    async for forwarded in current.read(result, watch):
                         yield forwarded
-                    if watch is not None and await watch.feed(current.take_call_fragments()):
-                        await _close(stream)
-                        break
-                if watch is not None:
-                    rejected = watch.rejected
-                    if rejected is None:
-                        await watch.end()
                 usage = summed_usage(usage, current.usage)
                 calls = current.tool_calls
-                if rejected is not None and watch is not None:
+                if watch is not None and watch.rejected is not None:
+                    rejected = watch.rejected
                     _stopped_calls().inc(tags={"reason": rejected.kind.value})
                     calls = watch.through_rejected(calls)
                 if self._turn_ended is not None:
@@ -469,15 +504,22 @@ class Continuation:
                 if partial is not None:
                     await partial.abandon()
             if following is not None:
-                result = await self._create(following)
-                if not isinstance(result, ApiError):
+                created = await self._create(following)
+                if not isinstance(created, ApiError):
                     executed += messages
                     self.calls_made += calls
-                    yield current.executed_chunk(messages)
-                    stream = result
+                    if isinstance(current, StreamRound):
+                        yield current.executed_chunk(messages)
+                        result = created
+                    else:
+                        result = created.model_dump(mode="json")
                     round_index += 1
                     continue
-                logger.warning("continuation stopped: %s", result.message)
+                logger.warning("continuation stopped: %s", created.message)
+            if isinstance(current, ReplyRound):
+                self.calls_made += calls
+                yield current.closing_reply(response_id, usage, executed)
+                return
             if rejected is not None:
                 current.stopped_at(rejected.index)
                 calls = current.tool_calls

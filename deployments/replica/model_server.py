@@ -14,7 +14,7 @@ import json
 import logging
 import os
 from argparse import Namespace
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -237,114 +237,128 @@ class ModelServer:
         if state is not EngineState.READY or self._serving_chat is None:
             yield ReplyHead(self._replica_id, streaming=False, error=engine_not_ready(detail))
             return
-        if request.model in self._draft_names:
-            async for part in self._answer_as_draft(request):
-                yield part
-            return
-        continuing = bool(
-            self._tools is not None
-            and turn is not None
-            and turn.execute_tools
-            and continuation_possible(request.tools, request.n, request.tool_choice)
-        )
-        streamed_inside = continuing and self._streams_inside(request)
-        if streamed_inside:
-            # Streamed from the engine so its calls run on partial input; the client
-            # gets the reply the stream adds up to.
-            request = request.model_copy(update={"stream": True})
-        options = request.stream_options
-        client_wants_usage = streamed_inside or bool(options and options.include_usage)
-        client_wants_chunk_usage = bool(
-            not streamed_inside
-            and client_wants_usage
-            and options
-            and options.continuous_usage_stats
-        )
-        if continuing and request.stream:
-            # Each round's usage counts against the request's token budget; a round
-            # stopped at an invalid call has only its chunks' usage.
-            assert turn is not None and self._tools_config is not None
-            in_every_chunk = stops_invalid_calls(turn, self._tools_config.continuation)
-            request = _with_usage_reported(request, in_every_chunk)
-        request = _ended_at_its_call(
-            request, CALL_CLOSING_MARKERS.get(self._deployment.chat.tool_call_parser)
-        )
         program_id = request.session_id
         tracked = bool(self._pinning is not None and program_id and not is_last_step(request))
-        # The rounds after the first are requests of their own, built from this one
-        # as the client sent it (vLLM's front end fills fields of a request it runs).
-        first_round = (
-            request.model_dump(mode="json", exclude_unset=True) | {"request_id": request.request_id}
-            if continuing
-            else None
-        )
-        result = await self._create(request)
-        if isinstance(result, ApiError):
-            yield ReplyHead(self._replica_id, streaming=False, error=result)
-            return
-        continuation = None
-        if first_round is not None:
-            assert turn is not None and self._tools is not None and self._tools_config is not None
+        turn_ended = (lambda tool: self._turn_ended(program_id, tool)) if tracked else None
+        wants_calls = turn is not None and turn.wants_calls
+        parts: AsyncIterator[ReplyHead | str | ReplyTail]
+        if request.model in self._draft_names:
+            parts = self._answer_as_draft(request)
+        elif turn is None or not self._continues(request, turn):
+            request = _ended_at_its_call(request, self._call_closing)
+            result = await self._create(request)
+            parts = self._answered(result, turn_ended, wants_calls)
+        else:
+            client_request = request
+            request = self._continued_request(request, turn)
+            # The rounds after the first are requests of their own, built from this
+            # one as the client sent it (vLLM's front end fills fields of a request
+            # it runs).
+            first_round = request.model_dump(mode="json", exclude_unset=True) | {
+                "request_id": request.request_id
+            }
+            result = await self._create(request)
+            assert self._tools is not None and self._tools_config is not None
             continuation = Continuation(
                 first_round,
                 turn,
                 self._tools,
                 self._tools_config.continuation,
                 self._create_from_body,
-                (lambda tool: self._turn_ended(program_id, tool)) if tracked else None,
+                turn_ended,
             )
+            parts = self._continued(result, continuation, client_request, wants_calls)
+        async for part in parts:
+            yield part
+
+    def _continues(self, request: ChatCompletionRequest, turn: TurnContext) -> bool:
+        return bool(
+            self._tools is not None
+            and turn.execute_tools
+            and continuation_possible(request.tools, request.n, request.tool_choice)
+        )
+
+    @functools.cached_property
+    def _call_closing(self) -> str | None:
+        return CALL_CLOSING_MARKERS.get(self._deployment.chat.tool_call_parser)
+
+    def _continued_request(
+        self, request: ChatCompletionRequest, turn: TurnContext
+    ) -> ChatCompletionRequest:
+        """The first round of a continued turn as the engine runs it. Streamed where
+        its calls run on partial input; each round's usage counts against the
+        request's token budget (a round stopped at an invalid call has only its
+        chunks' usage)."""
+        if self._streams_inside(request):
+            request = request.model_copy(update={"stream": True})
+        if request.stream:
+            assert self._tools_config is not None
+            in_every_chunk = stops_invalid_calls(turn, self._tools_config.continuation)
+            request = _with_usage_reported(request, in_every_chunk)
+        return _ended_at_its_call(request, self._call_closing)
+
+    async def _answered(
+        self, result: Any, turn_ended: Callable[[str | None], None] | None, wants_calls: bool
+    ) -> AsyncIterator[ReplyHead | str | ReplyTail]:
+        """A turn the engine answers in one round, as the client asked for it."""
+        if isinstance(result, ApiError):
+            yield ReplyHead(self._replica_id, streaming=False, error=result)
+            return
         if not isinstance(result, AsyncIterator):
             reply = result.model_dump(mode="json")
-            if tracked:
-                self._turn_ended(program_id, tool_called(reply))
-            if continuation is not None:
-                reply = await continuation.reply(reply)
+            if turn_ended is not None:
+                turn_ended(tool_called(reply))
             yield ReplyHead(self._replica_id, streaming=False, body=reply)
             return
-        if streamed_inside:
-            assert continuation is not None
-            streamed = StreamedReply()
-            async for chunk in continuation.stream(result, client_wants_usage=True):
-                streamed.feed_sse(chunk)
-            if streamed.error is not None:
-                error = streamed.error
-                yield ReplyHead(
-                    self._replica_id,
-                    streaming=False,
-                    error=ApiError.from_status(
-                        int(error.get("code") or 500),
-                        str(error.get("message") or "the engine's stream failed"),
-                        error.get("param"),
-                    ),
-                )
-                return
-            yield ReplyHead(self._replica_id, streaming=False, body=streamed.body())
-            return
         yield ReplyHead(self._replica_id, streaming=True)
-        if continuation is not None:
-            async for chunk in continuation.stream(
-                result, client_wants_usage, client_wants_chunk_usage
-            ):
-                yield chunk
-            if turn is not None and turn.wants_calls:
-                yield ReplyTail(continuation.calls_made)
-            return
-        wants_calls = turn is not None and turn.wants_calls
-        calls = ToolCallDeltas() if tracked or wants_calls else None
+        calls = ToolCallDeltas() if turn_ended is not None or wants_calls else None
         async for chunk in result:
             if calls is not None:
                 calls.feed_sse(chunk)
             yield chunk
         made = calls.calls() if calls is not None else []
-        if tracked:
-            self._turn_ended(program_id, made[0].name if made else None)
+        if turn_ended is not None:
+            turn_ended(made[0].name if made else None)
         if wants_calls:
             yield ReplyTail(made)
 
+    async def _continued(
+        self,
+        result: Any,
+        continuation: Continuation,
+        client_request: ChatCompletionRequest,
+        wants_calls: bool,
+    ) -> AsyncIterator[ReplyHead | str | ReplyTail]:
+        """A continued turn, as the client asked for it: a non-streamed turn the
+        engine streamed gets the reply the stream adds up to."""
+        if isinstance(result, ApiError):
+            yield ReplyHead(self._replica_id, streaming=False, error=result)
+            return
+        if not isinstance(result, AsyncIterator):
+            reply = await continuation.reply(result.model_dump(mode="json"))
+            yield ReplyHead(self._replica_id, streaming=False, body=reply)
+            return
+        if not client_request.stream:
+            streamed = StreamedReply()
+            async for chunk in continuation.stream(result, client_wants_usage=True):
+                streamed.feed_sse(chunk)
+            yield _head_of_streamed_reply(self._replica_id, streamed)
+            return
+        options = client_request.stream_options
+        yield ReplyHead(self._replica_id, streaming=True)
+        async for chunk in continuation.stream(
+            result,
+            client_wants_usage=bool(options and options.include_usage),
+            client_wants_chunk_usage=bool(options and options.continuous_usage_stats),
+        ):
+            yield chunk
+        if wants_calls:
+            yield ReplyTail(continuation.calls_made)
+
     def _streams_inside(self, request: ChatCompletionRequest) -> bool:
-        """A non-streamed turn is streamed from the engine when one of its declared
-        hosted tools takes partial input (and nothing asks for what the assembled
-        reply leaves out: log probabilities)."""
+        """A non-streamed continued turn is streamed from the engine when one of its
+        declared hosted tools takes partial input (and nothing asks for what the
+        assembled reply leaves out: log probabilities)."""
         if request.stream or request.logprobs or request.top_logprobs:
             return False
         assert self._tools is not None
@@ -444,6 +458,19 @@ class ModelServer:
             self._pinning.stop()
         if self._engine is not None:
             self._engine.shutdown()
+
+
+def _head_of_streamed_reply(replica_id: str, streamed: StreamedReply) -> ReplyHead:
+    """The head of a non-streamed reply assembled from the engine's stream."""
+    error = streamed.error
+    if error is None:
+        return ReplyHead(replica_id, streaming=False, body=streamed.body())
+    api_error = ApiError.from_status(
+        int(error.get("code") or 500),
+        str(error.get("message") or "the engine's stream failed"),
+        error.get("param"),
+    )
+    return ReplyHead(replica_id, streaming=False, error=api_error)
 
 
 def _model_field(name: str) -> str:

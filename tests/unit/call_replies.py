@@ -1,17 +1,34 @@
-"""Helpers for tests of tools fed a streamed call: a reply's call text in the
-hermes format, and a tool run's outcome as the model would read it."""
+"""Helpers for tests of tools fed a streamed call: one call streamed as vLLM's
+front end streams it (its name, then its arguments' JSON text in the pieces a
+test chooses) through the round's parser, and a tool run's outcome as the model
+would read it."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
 from toolworkers.builtin_tools import ToolError
+from toolworkers.call_stream import CallEvent, ToolCallDeltaParser
 
 
-def hermes(name: str, arguments: dict[str, Any]) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+class StreamedCall:
+    """Call `index` named `name`: each `feed` is one `delta.tool_calls` fragment of
+    its arguments' text (the first also names the call)."""
+
+    def __init__(self, name: str, index: int = 0) -> None:
+        self._parser = ToolCallDeltaParser()
+        self._index = index
+        self._name: str | None = name
+
+    def feed(self, arguments_text: str) -> list[CallEvent]:
+        function: dict[str, Any] = {"arguments": arguments_text}
+        if self._name is not None:
+            function["name"], self._name = self._name, None
+        return self._parser.feed([{"index": self._index, "id": "call_0", "function": function}])
+
+    def finish(self) -> list[CallEvent]:
+        return self._parser.finish()
 
 
 def outcome(run: Callable[[], str]) -> tuple[bool, str]:

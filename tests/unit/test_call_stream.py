@@ -1,5 +1,6 @@
-"""The streaming tool-call parser: events as the text decides them, the same
-events however the stream is split."""
+"""The streamed round's tool-call parser: calls assembled from `delta.tool_calls`
+fragments and events as their text decides them, the same events however the
+stream is split."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cluster.openai_protocol import ModelToolCall
 from toolworkers.call_stream import (
     ArgumentCompleted,
     ArgumentGrowing,
@@ -19,21 +21,7 @@ from toolworkers.call_stream import (
     CallMalformed,
     CallStarted,
     ToolCallDeltaParser,
-    streaming_call_parser,
 )
-
-
-def hermes(name: str, arguments: Any, ensure_ascii: bool = False) -> str:
-    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=ensure_ascii)
-    return f"<tool_call>\n{body}\n</tool_call>"
-
-
-def parse(pieces: list[str]) -> list[CallEvent]:
-    parser = streaming_call_parser("hermes")
-    events: list[CallEvent] = []
-    for piece in pieces:
-        events += parser.feed(piece)
-    return events + parser.finish()
 
 
 def merged(events: list[CallEvent]) -> list[CallEvent]:
@@ -53,25 +41,45 @@ def merged(events: list[CallEvent]) -> list[CallEvent]:
     return out
 
 
+def arguments_of(index: int, text: str) -> dict[str, Any]:
+    return {"index": index, "function": {"arguments": text}}
+
+
+def named(index: int, name: str, text: str = "") -> dict[str, Any]:
+    return {"index": index, "id": f"call_{index}", "function": {"name": name, "arguments": text}}
+
+
+def parse_deltas(batches: list[list[dict[str, Any]]]) -> list[CallEvent]:
+    parser = ToolCallDeltaParser()
+    events: list[CallEvent] = []
+    for batch in batches:
+        events += parser.feed(batch)
+    return events + parser.finish()
+
+
 def test_a_call_is_reported_field_by_field_as_it_streams() -> None:
-    parser = streaming_call_parser("hermes")
-    assert parser.feed("Let me look. <tool_") == []
-    assert parser.feed('call>\n{"name": "read_file", "argu') == [CallStarted(0, "read_file")]
-    assert parser.feed('ments": {"path": "src/ma') == [ArgumentGrowing(0, "path", "src/ma")]
-    assert parser.feed('in.py", "lines": 4') == [
+    parser = ToolCallDeltaParser()
+    assert parser.feed([named(0, "read_file")]) == [CallStarted(0, "read_file")]
+    assert parser.feed([arguments_of(0, '{"path": "src/ma')]) == [
+        ArgumentGrowing(0, "path", "src/ma")
+    ]
+    assert parser.feed([arguments_of(0, 'in.py", "lines": 4')]) == [
         ArgumentGrowing(0, "path", "in.py"),
         ArgumentCompleted(0, "path", "src/main.py"),
     ]
-    assert parser.feed("0}}\n</tool") == [ArgumentCompleted(0, "lines", 40)]
-    assert parser.feed("_call>") == [
-        CallClosed(0, "read_file", {"path": "src/main.py", "lines": 40})
+    assert parser.feed([arguments_of(0, "0}")]) == [
+        ArgumentCompleted(0, "lines", 40),
+        CallClosed(0, "read_file", {"path": "src/main.py", "lines": 40}),
     ]
     assert parser.finish() == []
+    assert parser.assembled.calls() == [
+        ModelToolCall("call_0", "read_file", '{"path": "src/main.py", "lines": 40}')
+    ]
 
 
-def test_two_calls_in_one_reply_with_text_around_them() -> None:
-    text = "First " + hermes("a", {"x": [1, {"y": None}]}) + " then " + hermes("b", {}) + " done"
-    assert merged(parse([text])) == [
+def test_two_calls_in_one_reply() -> None:
+    fragments = [named(0, "a", '{"x": [1, {"y": null}]}'), named(1, "b", "{}")]
+    assert merged(parse_deltas([fragments])) == [
         CallStarted(0, "a"),
         ArgumentItemCompleted(0, "x", 0, 1),
         ArgumentItemCompleted(0, "x", 1, {"y": None}),
@@ -85,61 +93,55 @@ def test_two_calls_in_one_reply_with_text_around_them() -> None:
 def test_escapes_unicode_and_surrogate_pairs_grow_decoded() -> None:
     value = 'say "hi"\\n\tnaïve 😀 </tool_call-ish>'
     for ensure_ascii in (True, False):
-        text = hermes("echo", {"text": value}, ensure_ascii)
-        events = parse(list(text))  # every character its own delta
+        text = json.dumps({"text": value}, ensure_ascii=ensure_ascii)
+        # every character its own delta
+        events = parse_deltas([[named(0, "echo")], *([arguments_of(0, c)] for c in text)])
         grown = "".join(e.text for e in events if isinstance(e, ArgumentGrowing))
         assert grown == value
         assert events[-1] == CallClosed(0, "echo", {"text": value})
 
 
 def test_arguments_before_the_name_are_reported_once_the_name_is_known() -> None:
-    text = '<tool_call>{"arguments": {"n": 1}, "name": "f"}</tool_call>'
-    assert parse([text]) == [
+    events = parse_deltas([[arguments_of(0, '{"n": ')], [named(0, "f", "1}")]])
+    assert events == [
         CallStarted(0, "f"),
         ArgumentCompleted(0, "n", 1),
         CallClosed(0, "f", {"n": 1}),
     ]
 
 
-def test_a_last_call_never_closed_is_read_to_the_end_of_the_reply() -> None:
-    assert parse(['<tool_call>{"name": "f", "arguments": {"n": 12}}'])[-1] == CallClosed(
-        0, "f", {"n": 12}
-    )
-
-
 @pytest.mark.parametrize(
     ("text", "reason"),
     [
-        ('<tool_call>{"name": "f", "arguments": {"n": }}</tool_call>', "not JSON"),
-        ('<tool_call>{"name": "f", "arguments": {"n": 1</tool_call>', "the call closed before"),
-        ('<tool_call>{"name": "f", "arguments": {"n": "a\nb"}}</tool_call>', "control character"),
-        ('<tool_call>{"name": "f", "arguments": {}} extra</tool_call>', "after the JSON"),
-        ('<tool_call>{"name": "f", "arguments": [1]}</tool_call>', "not an object"),
-        ('<tool_call>{"arguments": {}}</tool_call>', "string `name`"),
-        ('<tool_call>{"name": "f", "arguments": {"s": "\\x"}}</tool_call>', "invalid escape"),
-        ('<tool_call>{"name": "f", "arguments": {"n": tru}}</tool_call>', "invalid literal"),
-        ('<tool_call>["f"]</tool_call>', "string `name`"),
+        ('{"n": }', "not JSON"),
+        ('{"n": "a\nb"}', "control character"),
+        ("[1]", "not an object"),
+        ('{"s": "\\x"}', "invalid escape"),
+        ('{"n": tru}', "invalid literal"),
     ],
 )
 def test_malformed_calls_are_reported_and_the_stream_goes_on(text: str, reason: str) -> None:
-    events = parse(list(text + " " + hermes("next", {"ok": True})))
+    batches = [[named(0, "f")], *([arguments_of(0, c)] for c in text), [named(1, "next", "{}")]]
+    events = parse_deltas(batches)
     malformed = [event for event in events if isinstance(event, CallMalformed)]
     assert len(malformed) == 1 and reason in malformed[0].reason and malformed[0].index == 0
-    assert events[-1] == CallClosed(1, "next", {"ok": True})
+    assert events[-1] == CallClosed(1, "next", {})
 
 
 def test_a_call_cut_off_by_the_end_of_the_reply_is_malformed() -> None:
-    events = parse(['<tool_call>{"name": "f", "arguments": {"n": "ab'])
-    assert events == [
+    assert parse_deltas([[named(0, "f", '{"n": "ab')]]) == [
         CallStarted(0, "f"),
         ArgumentGrowing(0, "n", "ab"),
         CallMalformed(0, "the reply ended before its JSON did"),
     ]
 
 
-def test_unknown_formats_name_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="known: hermes"):
-        streaming_call_parser("mistral")
+def test_without_scanning_the_calls_are_only_assembled() -> None:
+    parser = ToolCallDeltaParser(scan=False)
+    assert parser.feed([named(0, "f", '{"n": ')]) == []
+    assert parser.feed([arguments_of(0, "1}")]) == []
+    assert parser.finish() == []
+    assert parser.assembled.calls() == [ModelToolCall("call_0", "f", '{"n": 1}')]
 
 
 json_values = st.recursive(
@@ -160,26 +162,6 @@ calls = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
-@given(calls=calls, prose=st.text(max_size=10), ensure_ascii=st.booleans(), data=st.data())
-def test_any_split_of_a_stream_gives_the_events_of_the_whole(
-    calls: list[tuple[str, dict[str, Any]]], prose: str, ensure_ascii: bool, data: st.DataObject
-) -> None:
-    text = prose.replace("<", "") + "".join(
-        hermes(name, arguments, ensure_ascii) + prose.replace("<", "") for name, arguments in calls
-    )
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=12)))
-    pieces = [text[start:end] for start, end in zip([0, *cuts], [*cuts, len(text)], strict=True)]
-    whole = merged(parse([text]))
-    assert merged(parse(pieces)) == whole
-    closed = [event for event in whole if isinstance(event, CallClosed)]
-    assert [(event.name, event.arguments) for event in closed] == calls
-    for index, (_, arguments) in enumerate(calls):
-        for key, value in arguments.items():
-            if isinstance(value, str) and value:
-                assert ArgumentGrowing(index, key, value) in whole
-
-
 def delta_fragments(
     calls: list[tuple[str, dict[str, Any]]], cuts_of: Any, ensure_ascii: bool = False
 ) -> list[dict[str, Any]]:
@@ -197,28 +179,6 @@ def delta_fragments(
     return fragments
 
 
-def parse_deltas(batches: list[list[dict[str, Any]]]) -> list[CallEvent]:
-    parser = ToolCallDeltaParser()
-    events: list[CallEvent] = []
-    for batch in batches:
-        events += parser.feed(batch)
-    return events + parser.finish()
-
-
-def test_delta_fragments_give_the_events_of_the_same_calls_in_text() -> None:
-    calls: list[tuple[str, dict[str, Any]]] = [
-        ("read_file", {"path": "src/main.py", "lines": 4}),
-        ("calc", {"x": "1+1"}),
-    ]
-    fragments = delta_fragments(calls, lambda text: list(range(1, len(text))))
-    events = parse_deltas([[fragment] for fragment in fragments])
-    assert merged(events) == merged(parse([hermes(n, a) for n, a in calls]))
-    # The first call closes with its arguments object, before the second starts.
-    assert events.index(CallClosed(0, "read_file", calls[0][1])) < events.index(
-        CallStarted(1, "calc")
-    )
-
-
 def test_delta_calls_cut_off_or_malformed_are_reported() -> None:
     cut_off = [{"index": 0, "function": {"name": "f", "arguments": '{"a": "b'}}]
     assert parse_deltas([cut_off])[-1] == CallMalformed(0, "the reply ended before its JSON did")
@@ -233,7 +193,7 @@ def test_delta_calls_cut_off_or_malformed_are_reported() -> None:
 
 @settings(max_examples=100, deadline=None)
 @given(calls=calls, ensure_ascii=st.booleans(), data=st.data())
-def test_any_split_of_delta_fragments_gives_the_events_of_the_calls_in_text(
+def test_any_split_of_delta_fragments_gives_the_events_of_the_whole(
     calls: list[tuple[str, dict[str, Any]]], ensure_ascii: bool, data: st.DataObject
 ) -> None:
     def cuts_of(text: str) -> list[int]:
@@ -241,5 +201,11 @@ def test_any_split_of_delta_fragments_gives_the_events_of_the_calls_in_text(
 
     fragments = delta_fragments(calls, cuts_of, ensure_ascii)
     events = merged(parse_deltas([[fragment] for fragment in fragments]))
-    in_text = merged(parse([hermes(name, arguments, ensure_ascii) for name, arguments in calls]))
-    assert events == in_text
+    whole = merged(parse_deltas([delta_fragments(calls, lambda text: [], ensure_ascii)]))
+    assert events == whole
+    closed = [event for event in whole if isinstance(event, CallClosed)]
+    assert [(event.name, event.arguments) for event in closed] == calls
+    for index, (_, arguments) in enumerate(calls):
+        for key, value in arguments.items():
+            if isinstance(value, str) and value:
+                assert ArgumentGrowing(index, key, value) in whole

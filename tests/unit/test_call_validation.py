@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from toolworkers.call_stream import CallEvent, streaming_call_parser
+from toolworkers.call_stream import CallEvent, ToolCallDeltaParser
 from toolworkers.call_validation import CallRejected, CallValidator, RejectionKind
 
 
@@ -43,19 +43,29 @@ TOOLS = [
 ]
 
 
-def judged(reply: str) -> list[tuple[CallEvent, CallRejected | None]]:
-    """Every event of the reply streamed one character at a time, with its verdict."""
-    parser = streaming_call_parser("hermes")
+Reply = list[tuple[str, str]]
+"""A reply's calls: each tool's name and its arguments' JSON text."""
+
+
+def judged(reply: Reply) -> list[tuple[CallEvent, CallRejected | None]]:
+    """Every event of the reply's calls, streamed as vLLM streams them (the name,
+    then the arguments a character at a time), with its verdict."""
+    fragments: list[dict[str, Any]] = []
+    for index, (name, arguments) in enumerate(reply):
+        fragments.append({"index": index, "id": f"call_{index}", "function": {"name": name}})
+        fragments += [{"index": index, "function": {"arguments": char}} for char in arguments]
+    parser = ToolCallDeltaParser()
     validator = CallValidator(TOOLS)
-    events = [event for char in reply for event in parser.feed(char)] + parser.finish()
+    events = [event for fragment in fragments for event in parser.feed([fragment])]
+    events += parser.finish()
     return [(event, validator.check(event)) for event in events]
 
 
-def call(name: str, arguments: dict[str, Any]) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+def call(name: str, arguments: dict[str, Any]) -> Reply:
+    return [(name, json.dumps(arguments))]
 
 
-def first_rejection(reply: str) -> tuple[int, CallRejected] | None:
+def first_rejection(reply: Reply) -> tuple[int, CallRejected] | None:
     """Position of the first rejected event among the reply's events, and the rejection."""
     for position, (_event, verdict) in enumerate(judged(reply)):
         if verdict is not None:
@@ -110,13 +120,14 @@ def test_an_invalid_argument_is_rejected_at_the_event_that_decides_it(
 
 
 def test_a_malformed_call_is_rejected_and_an_invalid_schema_checks_nothing() -> None:
-    found = first_rejection('<tool_call>\n{"name": "search", "arguments": [1]}\n</tool_call>')
+    found = first_rejection([("search", "[1]")])
     assert found is not None and found[1].kind is RejectionKind.MALFORMED
     assert first_rejection(call("broken_schema", {"anything": [1, 2]})) is None
 
 
 def test_tools_without_parameters_or_with_odd_entries_are_accepted() -> None:
     validator = CallValidator([{"type": "function", "function": {"name": "ping"}}, "junk"])  # type: ignore[list-item]
-    parser = streaming_call_parser("hermes")
-    events = parser.feed(call("ping", {})) + parser.finish()
+    parser = ToolCallDeltaParser()
+    events = parser.feed([{"index": 0, "function": {"name": "ping", "arguments": "{}"}}])
+    events += parser.finish()
     assert [validator.check(event) for event in events] == [None] * len(events)

@@ -323,7 +323,7 @@ def test_the_loop_answers_hosted_calls_and_runs_the_next_round() -> None:
     assert executed[1] == {"role": "tool", "tool_call_id": "c1", "content": "42"}
     assert reply["choices"][0]["message"]["content"] == "It is 42."
     assert reply["usage"]["completion_tokens"] == 25
-    assert turn_ends == [None]
+    assert turn_ends == ["calculator", None]
 
 
 def test_calls_on_a_programs_tool_state_run_in_the_order_the_model_wrote_them() -> None:

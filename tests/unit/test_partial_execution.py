@@ -17,6 +17,7 @@ from cluster.config import HostedToolConfig, SandboxLimits, ToolsConfig
 from cluster.store.partial_calls import ChannelUnavailable, PartialCallChannel
 from cluster.store.tool_state import LocalToolStateStore
 from deployments.replica.continuation import RoundCalls
+from toolworkers.call_stream import ToolCallDeltaParser
 from toolworkers.execution import PartialCalls, ToolExecutor
 from toolworkers.partial_execution import PartialExecution
 from toolworkers.registry import ToolRegistry
@@ -24,6 +25,21 @@ from toolworkers.sandbox import SandboxCall, ToolResult
 from toolworkers.workers import ToolWorker
 
 LIMITS = SandboxLimits(memory_mb=512, cpu_s=30, max_output_bytes=64 * 1024)
+
+
+class RoundFragments:
+    """A round's call fragments read once, as a streamed round reads them, and its
+    events given to the round's partial runs."""
+
+    def __init__(self, partial: PartialExecution) -> None:
+        self._parser = ToolCallDeltaParser()
+        self._calls = RoundCalls(partial, None, set())
+
+    async def feed(self, fragments: list[dict[str, Any]]) -> None:
+        await self._calls.feed(self._parser.feed(fragments))
+
+    async def end(self) -> None:
+        await self._calls.end(self._parser.finish())
 
 
 class RecordedRuns:
@@ -124,7 +140,7 @@ def test_the_tool_runs_statements_while_the_call_is_written(redis_url: str, tmp_
 
     async def scenario() -> tuple[bool, bool, str | None]:
         partial = PartialExecution(executor(redis_url, tmp_path), {"python", "calculator"})
-        partial_calls = RoundCalls(partial, None, set())
+        partial_calls = RoundFragments(partial)
         for fragment in fragments[:cut]:
             await partial_calls.feed([fragment])
         ran_before_the_call_closed = await wait_for(marker)
@@ -152,7 +168,7 @@ def test_the_partial_outcome_is_the_whole_calls_and_other_calls_run_as_usual(
     async def scenario() -> tuple[Any, ...]:
         tools = executor(redis_url, observer=runs)
         partial = PartialExecution(tools, {"python", "calculator"})
-        partial_calls = RoundCalls(partial, None, set())
+        partial_calls = RoundFragments(partial)
         await partial_calls.feed(fragments_of(0, "python", {"code": code}, size=5))
         await partial_calls.feed(fragments_of(1, "calculator", {"expression": "1+1"}, size=5))
         await partial_calls.end()
@@ -197,7 +213,7 @@ def test_search_and_plan_run_partially_in_the_sandbox_give_the_whole_calls_resul
     async def scenario() -> tuple[Any, Any, int]:
         tools = executor(redis_url)
         partial = PartialExecution(tools, {tool})
-        partial_calls = RoundCalls(partial, None, set())
+        partial_calls = RoundFragments(partial)
         await partial_calls.feed(fragments_of(0, tool, arguments, size=9))
         await partial_calls.end()
         ran = await partial.outcome(0, json.dumps(arguments))
@@ -228,13 +244,13 @@ def test_different_final_arguments_or_an_abandoned_round_stop_the_run(
 
     async def scenario() -> Any:
         partial = PartialExecution(executor(redis_url, observer=runs), {"python"})
-        partial_calls = RoundCalls(partial, None, set())
+        partial_calls = RoundFragments(partial)
         await partial_calls.feed(fragments_of(0, "python", {"code": slow_script(mismatched)}, 6))
         await partial_calls.end()
         mismatch = await partial.outcome(0, json.dumps({"code": "print('other')\n"}))
         unfinished = fragments_of(0, "python", {"code": slow_script(abandoned)}, 6)[:-1]
         second = PartialExecution(executor(redis_url, observer=runs), {"python"})
-        second_calls = RoundCalls(second, None, set())
+        second_calls = RoundFragments(second)
         await second_calls.feed(unfinished)
         await asyncio.sleep(0.2)
         await second.abandon()
@@ -253,7 +269,7 @@ def test_a_call_of_an_undeclared_tool_or_without_partial_input_starts_nothing(
 ) -> None:
     async def scenario() -> int:
         partial = PartialExecution(executor(redis_url), {"calculator"})
-        partial_calls = RoundCalls(partial, None, set())
+        partial_calls = RoundFragments(partial)
         await partial_calls.feed(fragments_of(0, "python", {"code": "print(1)\n"}, 4))
         await partial_calls.feed(fragments_of(1, "calculator", {"expression": "2"}, 4))
         await partial_calls.end()

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 
 import pytest
-from call_replies import hermes, outcome
+from call_replies import StreamedCall, outcome
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +17,6 @@ from toolworkers.call_stream import (
     ArgumentCompleted,
     ArgumentGrowing,
     CallEvent,
-    streaming_call_parser,
 )
 from toolworkers.partial_input import (
     PartialInput,
@@ -42,7 +42,7 @@ SCRIPTS = [
 
 def run_streamed(text_pieces: list[str]) -> tuple[bool, str]:
     """The reply streamed through the parser, the splitter and a session."""
-    parser = streaming_call_parser("hermes")
+    parser = StreamedCall("python")
     splitter = PieceSplitter(PYTHON_INPUT, call_index=0)
     session = PythonSession()
     events: list[CallEvent] = []
@@ -64,7 +64,7 @@ def run_streamed(text_pieces: list[str]) -> tuple[bool, str]:
 def test_streamed_character_by_character_the_tool_gives_the_whole_calls_result(
     script: str,
 ) -> None:
-    reply = hermes("python", {"code": script})
+    reply = json.dumps({"code": script})
     assert run_streamed(list(reply)) == outcome(lambda: python(script))
 
 
@@ -73,7 +73,7 @@ def test_streamed_character_by_character_the_tool_gives_the_whole_calls_result(
 def test_any_split_of_the_stream_gives_the_whole_calls_result(
     index: int, data: st.DataObject
 ) -> None:
-    reply = hermes("python", {"code": SCRIPTS[index]})
+    reply = json.dumps({"code": SCRIPTS[index]})
     cuts = sorted(data.draw(st.lists(st.integers(0, len(reply)), max_size=10)))
     pieces = [reply[start:end] for start, end in zip([0, *cuts], [*cuts, len(reply)], strict=True)]
     assert run_streamed(pieces) == outcome(lambda: python(SCRIPTS[index]))
@@ -88,10 +88,10 @@ def test_a_script_that_runs_cleanly_prints_what_exec_of_the_whole_prints() -> No
 
 
 def test_statements_run_while_the_call_is_still_being_decoded() -> None:
-    parser = streaming_call_parser("hermes")
+    parser = StreamedCall("python")
     splitter = PieceSplitter(PYTHON_INPUT, call_index=0)
     session = PythonSession()
-    reply = hermes("python", {"code": "print('one')\nprint('two')\n"})
+    reply = json.dumps({"code": "print('one')\nprint('two')\n"})
     cut = reply.index("print('two')")
     for event in parser.feed(reply[:cut]):
         for piece in splitter.pieces(event):

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from call_replies import hermes, outcome
+from call_replies import StreamedCall, outcome
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,7 +17,6 @@ from toolworkers.call_stream import (
     ArgumentItemCompleted,
     CallClosed,
     CallEvent,
-    streaming_call_parser,
 )
 from toolworkers.partial_input import PartialInput, PieceSplitter, whole_pieces
 from toolworkers.plan_tool import PLAN_INPUT, PlanSession, run_plan
@@ -49,9 +48,9 @@ PLANS: list[dict[str, Any]] = [
 ]
 
 
-def run_streamed(partial: PartialInput, text_pieces: list[str]) -> tuple[bool, str]:
-    """The reply streamed through the parser, the splitter and a session."""
-    parser = streaming_call_parser("hermes")
+def run_streamed(partial: PartialInput, name: str, text_pieces: list[str]) -> tuple[bool, str]:
+    """The call's arguments streamed through the parser, the splitter and a session."""
+    parser = StreamedCall(name)
     splitter = PieceSplitter(partial, call_index=0)
     session = partial.session()
     events: list[CallEvent] = []
@@ -75,8 +74,10 @@ def test_a_search_streamed_in_any_split_gives_the_whole_calls_result(
     index: int, data: st.DataObject
 ) -> None:
     arguments = SEARCHES[index]
-    reply = hermes("search", arguments)
-    assert run_streamed(SEARCH_INPUT, splits(data, reply)) == outcome(lambda: search(**arguments))
+    reply = json.dumps(arguments)
+    assert run_streamed(SEARCH_INPUT, "search", splits(data, reply)) == outcome(
+        lambda: search(**arguments)
+    )
 
 
 @settings(max_examples=40, deadline=None)
@@ -85,15 +86,17 @@ def test_a_plan_streamed_in_any_split_gives_the_whole_calls_result(
     index: int, data: st.DataObject
 ) -> None:
     arguments = PLANS[index]
-    reply = hermes("run_plan", arguments)
-    assert run_streamed(PLAN_INPUT, splits(data, reply)) == outcome(lambda: run_plan(**arguments))
+    reply = json.dumps(arguments)
+    assert run_streamed(PLAN_INPUT, "run_plan", splits(data, reply)) == outcome(
+        lambda: run_plan(**arguments)
+    )
 
 
 def test_the_search_runs_once_the_query_closes_before_the_rest_is_decoded() -> None:
-    parser = streaming_call_parser("hermes")
+    parser = StreamedCall("search")
     splitter = PieceSplitter(SEARCH_INPUT, call_index=0)
     session = SearchSession()
-    reply = hermes("search", {"query": "while loop", "max_results": 2})
+    reply = json.dumps({"query": "while loop", "max_results": 2})
     for event in parser.feed(reply[: reply.index('"max_results"')]):
         for piece in splitter.pieces(event):
             session.feed(piece)
@@ -118,13 +121,10 @@ def test_a_query_is_words_not_fts_syntax() -> None:
 
 
 def test_each_plan_stage_runs_when_its_object_closes() -> None:
-    parser = streaming_call_parser("hermes")
+    parser = StreamedCall("run_plan")
     splitter = PieceSplitter(PLAN_INPUT, call_index=0)
     session = PlanSession()
-    reply = hermes(
-        "run_plan",
-        {"stages": [stage("calculator", "6 * 7"), stage("search", "yield")]},
-    )
+    reply = json.dumps({"stages": [stage("calculator", "6 * 7"), stage("search", "yield")]})
     events = parser.feed(reply[: reply.index('{"tool": "search"')])
     assert [e for e in events if isinstance(e, ArgumentItemCompleted)] == [
         ArgumentItemCompleted(0, "stages", 0, {"tool": "calculator", "input": "6 * 7"})
@@ -158,25 +158,15 @@ def test_list_items_are_fed_once_whether_streamed_or_completed_whole() -> None:
 
 def test_a_repeated_key_is_read_as_json_decoders_read_it_the_last_one_wins() -> None:
     first, last = [stage("calculator", "1 + 1")], [stage("calculator", "2 * 3")]
-    reply = (
-        '<tool_call>\n{"name": "run_plan", "arguments": {"stages": '
-        + json.dumps(first)
-        + ', "stages": '
-        + json.dumps(last)
-        + "}}\n</tool_call>"
-    )
-    assert run_streamed(PLAN_INPUT, list(reply)) == (True, run_plan(last))
-    search_reply = (
-        reply.replace("run_plan", "search")
-        .replace('"stages": ' + json.dumps(first), '"query": "lambda"')
-        .replace('"stages": ' + json.dumps(last), '"query": "yield"')
-    )
-    assert run_streamed(SEARCH_INPUT, [search_reply]) == (True, search("yield"))
+    reply = '{"stages": ' + json.dumps(first) + ', "stages": ' + json.dumps(last) + "}"
+    assert run_streamed(PLAN_INPUT, "run_plan", list(reply)) == (True, run_plan(last))
+    search_reply = '{"query": "lambda", "query": "yield"}'
+    assert run_streamed(SEARCH_INPUT, "search", [search_reply]) == (True, search("yield"))
 
 
 def test_nested_items_are_not_top_level_items() -> None:
-    parser = streaming_call_parser("hermes")
-    events = parser.feed(hermes("f", {"grid": [[1, 2], [3]], "tags": {"k": [4]}}))
+    parser = StreamedCall("f")
+    events = parser.feed(json.dumps({"grid": [[1, 2], [3]], "tags": {"k": [4]}}))
     items = [e for e in events if isinstance(e, ArgumentItemCompleted)]
     assert items == [
         ArgumentItemCompleted(0, "grid", 0, [1, 2]),
