@@ -28,8 +28,6 @@ KEPT = (
 RAW_OUTPUT_STILL_COMMITTED = frozenset(
     {
         "burst-prompt-lookup-cap",
-        "conveyor-on-the-stream-4096",
-        "conveyor-on-the-stream-quick",
         "many-agent-current",
         "many-agent-default-3",
     }
