@@ -317,6 +317,14 @@ class PromptLookupConfig(_Strict):
     initial_acceptance: float = Field(
         default=0.5, ge=0, le=1, description="A request's acceptance before it has any."
     )
+    learned_initial_acceptance: bool = Field(
+        default=True,
+        description="A request's prose acceptance starts from the engine's recent "
+        "prose acceptance (its verified prose drafts, the latest weighing most) "
+        "instead of `initial_acceptance`, once it has any: each new turn of a "
+        "workload whose prose repeats nothing of its prompt would otherwise spend "
+        "several steps' drafts learning so again.",
+    )
     min_prose_acceptance: float = Field(
         default=0.1,
         ge=0,

@@ -32,6 +32,12 @@ class GateSettings:
     """Below this acceptance in prose, drafts only on probe steps."""
     probe_every: int = 1
     """Steps per probe step while prose drafts are withheld."""
+    learned_initial_acceptance: bool = False
+    """A request's acceptance before its first verified prose step is the
+    engine's recent prose acceptance (`initial_acceptance` until it has any)."""
+    prior_decay: float = 0.98
+    """Weight each earlier prose step keeps in the engine's recent acceptance, per
+    verified prose step after it."""
 
 
 class CallRegions:
@@ -108,7 +114,15 @@ class ProposalGate:
         self.settings = settings
         self._acceptance: dict[str, float] = {}
         self._withheld: dict[str, int] = {}
+        self._recent_drafted = 0.0
+        self._recent_accepted = 0.0
         self._stats = GateStats()
+
+    def initial_acceptance(self) -> float:
+        """What a request's prose acceptance starts from."""
+        if self.settings.learned_initial_acceptance and self._recent_drafted > 0:
+            return self._recent_accepted / self._recent_drafted
+        return self.settings.initial_acceptance
 
     def allows_drafts(self, decoders: int) -> bool:
         """Whether any request gets drafts this step (counted when none does)."""
@@ -121,7 +135,9 @@ class ProposalGate:
         window = self.settings.window
         if in_call:
             return window
-        acceptance = self._acceptance.get(request_id, self.settings.initial_acceptance)
+        acceptance = self._acceptance.get(request_id)
+        if acceptance is None:
+            acceptance = self._acceptance[request_id] = self.initial_acceptance()
         floor = self.settings.prose_floor
         if acceptance < self.settings.min_prose_acceptance:
             withheld = self._withheld.get(request_id, 0) + 1
@@ -153,8 +169,13 @@ class ProposalGate:
             counts.accepted += accepted
         if not in_call:
             weight = self.settings.ema_weight
-            previous = self._acceptance.get(request_id, self.settings.initial_acceptance)
+            previous = self._acceptance.get(request_id)
+            if previous is None:
+                previous = self.initial_acceptance()
             self._acceptance[request_id] = (1 - weight) * previous + weight * accepted / drafted
+            decay = self.settings.prior_decay
+            self._recent_drafted = decay * self._recent_drafted + drafted
+            self._recent_accepted = decay * self._recent_accepted + accepted
 
     def forget(self, request_id: str) -> None:
         self._acceptance.pop(request_id, None)

@@ -175,3 +175,38 @@ def test_prose_drafts_nobody_accepts_are_withheld_but_for_probes() -> None:
     assert gate.draft_length("other", in_call=False) == 2
     gate.forget("r")
     assert gate.draft_length("r", in_call=False) == 2
+
+
+def test_a_new_requests_prose_acceptance_starts_from_the_engines_recent_one() -> None:
+    settings = GateSettings(
+        window=4,
+        prose_floor=1,
+        ema_weight=0.5,
+        initial_acceptance=0.5,
+        max_decoders=8,
+        min_prose_acceptance=0.1,
+        probe_every=4,
+        learned_initial_acceptance=True,
+    )
+    gate = ProposalGate(settings)
+    assert gate.draft_length("first", in_call=False) == 2, "nothing learned yet"
+    for _ in range(6):
+        gate.observe("first", drafted=2, accepted=0, in_call=False)
+    gate.forget("first")
+    assert gate.initial_acceptance() == 0.0
+    # The next turn's request starts where the engine's prose stands: probes only.
+    assert [gate.draft_length("next", in_call=False) for _ in range(4)] == [0, 0, 0, 1]
+    assert gate.draft_length("next", in_call=True) == 4, "a call still gets the window"
+    # Prose that repeats its prompt brings the engine's acceptance back up.
+    for _ in range(60):
+        gate.observe("next", drafted=1, accepted=1, in_call=False)
+    assert gate.initial_acceptance() > 0.5
+    assert gate.draft_length("third", in_call=False) >= 2
+    # Drafts inside calls say nothing of prose.
+    fixed = ProposalGate(settings)
+    fixed.observe("r", drafted=4, accepted=0, in_call=True)
+    assert fixed.initial_acceptance() == 0.5
+
+
+def test_the_configured_default_learns_the_initial_acceptance() -> None:
+    assert PromptLookupConfig().learned_initial_acceptance is True

@@ -55,6 +55,7 @@ class PromptLookupGateMixin:
                 max_decoders=config.max_decoders,
                 min_prose_acceptance=config.min_prose_acceptance,
                 probe_every=config.probe_every,
+                learned_initial_acceptance=config.learned_initial_acceptance,
             )
         )
         tokenizer = cached_tokenizer_from_config(base.vllm_config.model_config)
