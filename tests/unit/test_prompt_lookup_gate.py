@@ -3,6 +3,7 @@ request's draft length from its region, its acceptance and the batch."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 from hypothesis import given
@@ -151,18 +152,19 @@ def test_smollm2s_hermes_calls_are_found_in_its_token_stream_token_by_token() ->
     assert inside_once_written("Done.") is False
 
 
+PROBING = GateSettings(
+    window=4,
+    prose_floor=1,
+    ema_weight=0.5,
+    initial_acceptance=0.5,
+    max_decoders=8,
+    min_prose_acceptance=0.1,
+    probe_every=4,
+)
+
+
 def test_prose_drafts_nobody_accepts_are_withheld_but_for_probes() -> None:
-    gate = ProposalGate(
-        GateSettings(
-            window=4,
-            prose_floor=1,
-            ema_weight=0.5,
-            initial_acceptance=0.5,
-            max_decoders=8,
-            min_prose_acceptance=0.1,
-            probe_every=4,
-        )
-    )
+    gate = ProposalGate(PROBING)
     assert gate.draft_length("r", in_call=False) == 2
     for _ in range(4):
         gate.observe("r", drafted=2, accepted=0, in_call=False)
@@ -178,16 +180,7 @@ def test_prose_drafts_nobody_accepts_are_withheld_but_for_probes() -> None:
 
 
 def test_a_new_requests_prose_acceptance_starts_from_the_engines_recent_one() -> None:
-    settings = GateSettings(
-        window=4,
-        prose_floor=1,
-        ema_weight=0.5,
-        initial_acceptance=0.5,
-        max_decoders=8,
-        min_prose_acceptance=0.1,
-        probe_every=4,
-        learned_initial_acceptance=True,
-    )
+    settings = dataclasses.replace(PROBING, learned_initial_acceptance=True)
     gate = ProposalGate(settings)
     assert gate.draft_length("first", in_call=False) == 2, "nothing learned yet"
     for _ in range(6):
