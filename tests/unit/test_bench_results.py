@@ -22,16 +22,6 @@ KEPT = (
     "dashboards/*/*.json",
     "dashboards/*/*.png",
 )
-# Runs committed before the bench kept its raw output beside the run; their
-# logs, scrapes, consoles and plain records.jsonl are being removed. The list
-# only shrinks: a run leaves it when its folder holds the kept set alone.
-RAW_OUTPUT_STILL_COMMITTED = frozenset(
-    {
-        "burst-prompt-lookup-cap",
-        "many-agent-current",
-        "many-agent-default-3",
-    }
-)
 INDEX_FILES = ("SUPERSEDED.md",)
 
 
@@ -61,18 +51,7 @@ def _outside_kept_set(files: list[str]) -> list[str]:
 
 def test_a_run_commits_only_what_its_figures_come_from() -> None:
     for run, files in _tracked_run_files().items():
-        if run not in RAW_OUTPUT_STILL_COMMITTED:
-            assert _outside_kept_set(files) == [], f"{run}: raw output committed"
-
-
-def test_the_list_of_runs_still_carrying_raw_output_only_shrinks() -> None:
-    runs = _tracked_run_files()
-    cleaned = [
-        run
-        for run in RAW_OUTPUT_STILL_COMMITTED
-        if run not in runs or not _outside_kept_set(runs[run])
-    ]
-    assert cleaned == [], "take these runs off RAW_OUTPUT_STILL_COMMITTED"
+        assert _outside_kept_set(files) == [], f"{run}: raw output committed"
 
 
 @pytest.mark.parametrize(
