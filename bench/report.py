@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -299,7 +299,9 @@ def _client_stalls(summary: dict[str, Any]) -> list[str]:
     ]
 
 
-def format_interval(value: dict[str, float | None] | None, unit: str = "", digits: int = 1) -> str:
+def format_interval(
+    value: Mapping[str, float | None] | None, unit: str = "", digits: int = 1
+) -> str:
     """`1.23x [1.10, 1.37]`; `n/a` without a figure, `(one round)` without an interval."""
     if not value or value["estimate"] is None:
         return "n/a"

@@ -180,6 +180,42 @@ def paired_ratio(
     return PairedRatio(round_ratio_interval(per_round), per_round, programs)
 
 
+@dataclass(frozen=True)
+class PooledRatio:
+    """One comparison pooled over several runs (days, machines): `ratio` is the
+    geometric mean of every run's round ratios with its t interval, the rounds
+    taken as exchangeable across runs; `per_run` is each run's own estimate, the
+    spread a reader weighs the pooled interval against. `runs_agree` says whether
+    one value lies inside every run's own interval (runs of a single round have
+    none and do not count against it)."""
+
+    ratio: Interval
+    per_run: list[float]
+    rounds: int
+    runs_agree: bool
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.ratio)
+
+
+def pooled_round_ratio(
+    runs: Sequence[Sequence[float]], intervals: Sequence[Interval | None]
+) -> PooledRatio | None:
+    """`runs[i]` are run i's per-round ratios and `intervals[i]` its own interval;
+    None when the runs hold fewer than two rounds in all."""
+    every_round = [ratio for per_round in runs for ratio in per_round]
+    pooled = round_ratio_interval(every_round)
+    if pooled is None:
+        return None
+    per_run = [
+        math.exp(float(np.mean(np.log(np.asarray(per_round, dtype=float))))) for per_round in runs
+    ]
+    own = [interval for interval in intervals if interval is not None]
+    agree = not own or max(i.low for i in own) <= min(i.high for i in own)
+    return PooledRatio(pooled, per_run, len(every_round), agree)
+
+
 def overlap_speedup_bound(whole_s: float, tool_s: float) -> float | None:
     """Conveyor's bound (arXiv 2406.00059, §3.4) on how much sooner a tool's result
     can come when the tool runs while its call is decoded, for one call: a result

@@ -2,8 +2,11 @@
 summaries (`toolserve bench-table RUN...`), so no page can drift from the runs.
 
 On a page a generated table sits between `<!-- bench-table RUN... -->` and
-`<!-- /bench-table -->`; a unit test regenerates every such block for its page
-and compares (`toolserve bench-table --update PAGE` rewrites them).
+`<!-- /bench-table -->` (each run's comparisons and work), or between
+`<!-- bench-pool RUN... -->` and `<!-- /bench-pool -->` (one workload's
+comparisons pooled over its runs on several days and machines); a unit test
+regenerates every such block for its page and compares
+(`toolserve bench-table --update PAGE` rewrites them).
 """
 
 from __future__ import annotations
@@ -17,14 +20,16 @@ from typing import Any
 
 from bench.records import ProgramRecord, open_records
 from bench.report import format_interval, jct_ratio_by_agent_type_lines
-from bench.stats import Interval
+from bench.stats import Interval, pooled_round_ratio
 from bench.summary import jct_ratio_by_agent_type
 from bench.workloads.hot_path import ADDED
 
 # Where a table's links start from unless told otherwise: the repository's root.
 README = Path("README.md")
 BLOCK = re.compile(
-    r"<!-- bench-table (?P<runs>[^>]*?) -->\n(?P<body>.*?)<!-- /bench-table -->", re.DOTALL
+    r"<!-- (?P<kind>bench-table|bench-pool) (?P<runs>[^>]*?) -->\n(?P<body>.*?)"
+    r"<!-- /(?P=kind) -->",
+    re.DOTALL,
 )
 
 
@@ -155,8 +160,77 @@ def _hot_path_verdict(value: dict[str, Any]) -> str:
     return "above" if interval.low > neutral else "below"
 
 
+def pooled_table(runs: Sequence[Path], root: Path = Path(), page: Path = README) -> str:
+    """Markdown: every comparison two or more of `runs` (one workload, size and
+    programs a round, recorded on different days or machines) made, pooled over
+    all their rounds, beside each run's own estimate, machine and day."""
+    if len(set(runs)) < 2 or len(set(runs)) < len(runs):
+        raise ValueError("pooling needs two runs or more, each named once")
+    summaries = [_load(root / run) for run in runs]
+    shapes = {_shape(summary) for summary in summaries}
+    if len(shapes) > 1:
+        raise ValueError(f"pooled runs must share workload, size and programs a round: {shapes}")
+    cited: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = {}
+    for run_dir, summary in zip(runs, summaries, strict=True):
+        for entry in summary["comparisons"]:
+            if entry["jct_mean"] and entry["jct_mean"].get("per_round"):
+                cited.setdefault((entry["system"], entry["reference"]), []).append(
+                    (_pooled_run_cell(run_dir, summary, entry["jct_mean"], page), entry["jct_mean"])
+                )
+    lines = [
+        "| workload | system | reference | pooled mean JCT ratio [95% CI] | verdict "
+        "| rounds | each run | runs agree |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    workload = "{}, {}, {} programs a round".format(*shapes.pop())
+    for (system, reference), runs_cited in cited.items():
+        if len(runs_cited) < 2:
+            continue
+        pooled = pooled_round_ratio(
+            [ratio["per_round"] for _, ratio in runs_cited],
+            [_own_interval(ratio) for _, ratio in runs_cited],
+        )
+        assert pooled is not None, "two runs hold two rounds"
+        lines.append(
+            f"| {workload} | {system} | {reference} "
+            f"| {format_interval(pooled.ratio.as_json(), 'x', 2)} | {pooled.verdict} "
+            f"| {pooled.rounds} in {len(runs_cited)} runs "
+            f"| {'; '.join(cell for cell, _ in runs_cited)} "
+            f"| {'yes' if pooled.runs_agree else 'no'} |"
+        )
+    if len(lines) == 2:
+        raise ValueError("no comparison was made by two of the runs")
+    return "\n".join(lines) + "\n"
+
+
+def _shape(summary: dict[str, Any]) -> tuple[str, str, object]:
+    return (summary["workload"], summary["size"], summary.get("programs_per_round"))
+
+
+def _own_interval(ratio: dict[str, Any]) -> Interval | None:
+    if ratio["low"] is None or ratio["high"] is None:
+        return None
+    return Interval(ratio["estimate"], ratio["low"], ratio["high"])
+
+
+def _pooled_run_cell(
+    run_dir: Path, summary: dict[str, Any], ratio: dict[str, Any], page: Path
+) -> str:
+    provenance = summary["provenance"]
+    machine = provenance.get("machine", {}).get("cpu_model") or "unknown CPU"
+    day = (provenance.get("started_utc") or "unknown day")[:10]
+    report = Path(os.path.relpath(run_dir / "report.md", page.parent)).as_posix()
+    return (
+        f"[{run_dir.name}]({report}) {format_interval(ratio, 'x', 2)}, "
+        f"{machine.replace('(R)', '')}, {day}"
+    )
+
+
 def _block_table(block: re.Match[str], root: Path, page: Path) -> str:
-    return bench_table([Path(run) for run in block["runs"].split()], root, page)
+    runs = [Path(run) for run in block["runs"].split()]
+    if block["kind"] == "bench-pool":
+        return pooled_table(runs, root, page)
+    return bench_table(runs, root, page)
 
 
 def stale_blocks(markdown: str, root: Path, page: Path = README) -> list[str]:
@@ -173,8 +247,8 @@ def updated_blocks(markdown: str, root: Path, page: Path = README) -> str:
     """`markdown` with every generated block rendered again for `page`."""
     return BLOCK.sub(
         lambda block: (
-            f"<!-- bench-table {block['runs']} -->\n"
-            f"{_block_table(block, root, page)}<!-- /bench-table -->"
+            f"<!-- {block['kind']} {block['runs']} -->\n"
+            f"{_block_table(block, root, page)}<!-- /{block['kind']} -->"
         ),
         markdown,
     )

@@ -113,7 +113,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _bench_table(args: argparse.Namespace) -> int:
-    from bench.tables import bench_table, by_kind_table, updated_blocks
+    from bench.tables import bench_table, by_kind_table, pooled_table, updated_blocks
 
     if not args.runs and args.update is None:
         _log("error: name the runs, or a page to --update")
@@ -130,6 +130,8 @@ def _bench_table(args: argparse.Namespace) -> int:
                     (f"{run}\n\n" if named else "") + by_kind_table(run) for run in args.runs
                 )
             )
+        elif args.pooled:
+            print(pooled_table(args.runs, Path(), args.page), end="")
         else:
             print(bench_table(args.runs, Path(), args.page), end="")
     except (OSError, ValueError) as error:
@@ -396,6 +398,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print each run's mean JCT ratio per agent kind, paired by round, "
         "from its records (the report gives it for runs recorded since it does)",
+    )
+    table.add_argument(
+        "--pooled",
+        action="store_true",
+        help="pool the runs (one workload, size and programs a round, recorded on several "
+        "days or machines): each comparison's ratio over all their rounds, beside each "
+        "run's own (a page holds it as a bench-pool block)",
     )
     table.set_defaults(run=_bench_table)
 

@@ -15,6 +15,7 @@ from bench.stats import (
     overlap_speedup_bound,
     p90,
     paired_ratio,
+    pooled_round_ratio,
     round_orders,
     round_ratio_interval,
     t_quantile_975,
@@ -133,6 +134,35 @@ def test_round_interval_is_student_t_on_the_logarithms() -> None:
     assert interval.low == pytest.approx(math.exp(logs.mean() - half_width))
     assert interval.high == pytest.approx(math.exp(logs.mean() + half_width))
     assert round_ratio_interval([1.2]) is None
+
+
+def test_a_pooled_ratio_takes_every_round_of_every_run() -> None:
+    first, second = [2.02, 1.92], [1.70, 1.80]
+    pooled = pooled_round_ratio(
+        [first, second], [round_ratio_interval(first), round_ratio_interval(second)]
+    )
+    assert pooled is not None
+    assert pooled.ratio == round_ratio_interval(first + second)
+    assert pooled.rounds == 4
+    assert pooled.per_run == pytest.approx([math.sqrt(2.02 * 1.92), math.sqrt(1.70 * 1.80)])
+    assert pooled.verdict == "faster"
+
+
+def test_pooled_runs_disagree_when_no_value_lies_inside_both_intervals() -> None:
+    narrow_low, narrow_high = [1.49, 1.50, 1.51], [1.97, 1.98, 1.99]
+    intervals = [round_ratio_interval(narrow_low), round_ratio_interval(narrow_high)]
+    pooled = pooled_round_ratio([narrow_low, narrow_high], intervals)
+    assert pooled is not None and not pooled.runs_agree
+    wide = [1.2, 2.1]
+    overlapping = pooled_round_ratio([narrow_low, wide], [intervals[0], round_ratio_interval(wide)])
+    assert overlapping is not None and overlapping.runs_agree
+
+
+def test_single_round_runs_pool_once_there_are_two_rounds() -> None:
+    assert pooled_round_ratio([[1.4]], [None]) is None
+    pooled = pooled_round_ratio([[1.4], [1.6]], [None, None])
+    assert pooled is not None and pooled.runs_agree
+    assert pooled.ratio.estimate == pytest.approx(math.sqrt(1.4 * 1.6))
 
 
 def test_an_a_a_run_whose_rounds_all_lean_one_way_is_not_resolved() -> None:

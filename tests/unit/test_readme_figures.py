@@ -6,12 +6,21 @@ pages about benchmarks state no figure outside generated tables."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
 import pytest
 
-from bench.tables import BLOCK, bench_table, cited_runs, stale_blocks, updated_blocks
+from bench.stats import round_ratio_interval
+from bench.tables import (
+    BLOCK,
+    bench_table,
+    cited_runs,
+    pooled_table,
+    stale_blocks,
+    updated_blocks,
+)
 from cluster.config import REPO_ROOT
 
 README = Path("README.md")
@@ -174,3 +183,58 @@ def _one_run(root: Path) -> Path:
     run.mkdir(parents=True)
     (run / "summary.json").write_text(json.dumps(_summary(1.25)))
     return root
+
+
+def _recorded_on(
+    root: Path, name: str, per_round: list[float], day: str, programs: int = 32
+) -> Path:
+    run = Path("bench/results") / name
+    (root / run).mkdir(parents=True)
+    summary = _summary(1.0)
+    ratio = summary["comparisons"][0]["jct_mean"]  # type: ignore[index]
+    own = round_ratio_interval(per_round)
+    assert own is not None
+    ratio.update(own.as_json(), per_round=per_round)
+    summary["programs_per_round"] = programs
+    summary["provenance"] = {
+        "commit": "abcdef0123456789",
+        "dirty": False,
+        "started_utc": f"{day}T23:15:26Z",
+        "machine": {"cpu_model": "Intel(R) Xeon(R) Processor"},
+    }
+    (root / run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def test_a_pooled_table_pools_every_round_and_shows_each_run(tmp_path: Path) -> None:
+    runs = [
+        _recorded_on(tmp_path, "first", [2.02, 1.92], "2026-11-28"),
+        _recorded_on(tmp_path, "second", [1.70, 1.80], "2026-11-29"),
+    ]
+    table = pooled_table(runs, tmp_path)
+    pooled = math.exp(sum(map(math.log, [2.02, 1.92, 1.70, 1.80])) / 4)
+    assert (
+        f"| many-agent, default, 32 programs a round | toolserve | stock-vllm | {pooled:.2f}x ["
+        in table
+    )
+    assert "| faster | 4 in 2 runs |" in table
+    first_own = round_ratio_interval([2.02, 1.92])
+    assert first_own is not None
+    assert (
+        f"[first](bench/results/first/report.md) {first_own.estimate:.2f}x "
+        f"[{first_own.low:.2f}, {first_own.high:.2f}], Intel Xeon Processor, 2026-11-28"
+    ) in table
+    assert "Intel Xeon Processor, 2026-11-29 | yes |" in table
+    page = f"<!-- bench-pool {runs[0]} {runs[1]} -->\n{table}<!-- /bench-pool -->"
+    assert stale_blocks(page, tmp_path) == []
+    assert cited_runs(page) == [str(run) for run in runs]
+    assert stale_blocks(page.replace("| yes |", "| no |"), tmp_path) == [f"{runs[0]} {runs[1]}"]
+
+
+def test_only_runs_of_one_shape_pool(tmp_path: Path) -> None:
+    thirty_two = _recorded_on(tmp_path, "thirty-two", [2.0, 1.9], "2026-11-28")
+    sixteen = _recorded_on(tmp_path, "sixteen", [1.0, 0.9], "2026-11-29", programs=16)
+    with pytest.raises(ValueError, match="share workload, size and programs"):
+        pooled_table([thirty_two, sixteen], tmp_path)
+    with pytest.raises(ValueError, match="two runs or more"):
+        pooled_table([thirty_two, thirty_two], tmp_path)
