@@ -184,13 +184,12 @@ def paired_ratio(
 class PooledRatio:
     """One comparison pooled over several runs (days, machines): `ratio` is the
     geometric mean of every run's round ratios with its t interval, the rounds
-    taken as exchangeable across runs; `per_run` is each run's own estimate, the
-    spread a reader weighs the pooled interval against. `runs_agree` says whether
-    one value lies inside every run's own interval (runs of a single round have
-    none and do not count against it)."""
+    taken as exchangeable across runs. `runs_agree` says whether one value lies
+    inside every run's own interval (runs of a single round have none and do not
+    count against it): where it does not, a day or a machine moves the ratio more
+    than rounds do, and the pooled interval is too narrow."""
 
     ratio: Interval
-    per_run: list[float]
     rounds: int
     runs_agree: bool
 
@@ -208,12 +207,9 @@ def pooled_round_ratio(
     pooled = round_ratio_interval(every_round)
     if pooled is None:
         return None
-    per_run = [
-        math.exp(float(np.mean(np.log(np.asarray(per_round, dtype=float))))) for per_round in runs
-    ]
     own = [interval for interval in intervals if interval is not None]
     agree = not own or max(i.low for i in own) <= min(i.high for i in own)
-    return PooledRatio(pooled, per_run, len(every_round), agree)
+    return PooledRatio(pooled, len(every_round), agree)
 
 
 def overlap_speedup_bound(whole_s: float, tool_s: float) -> float | None:

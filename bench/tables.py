@@ -182,7 +182,8 @@ def pooled_table(runs: Sequence[Path], root: Path = Path(), page: Path = README)
         "| rounds | each run | runs agree |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    workload = "{}, {}, {} programs a round".format(*shapes.pop())
+    workload, size, programs = shapes.pop()
+    shape = f"{workload}, {size}" + (f", {programs} programs a round" if programs else "")
     for (system, reference), runs_cited in cited.items():
         if len(runs_cited) < 2:
             continue
@@ -192,7 +193,7 @@ def pooled_table(runs: Sequence[Path], root: Path = Path(), page: Path = README)
         )
         assert pooled is not None, "two runs hold two rounds"
         lines.append(
-            f"| {workload} | {system} | {reference} "
+            f"| {shape} | {system} | {reference} "
             f"| {format_interval(pooled.ratio.as_json(), 'x', 2)} | {pooled.verdict} "
             f"| {pooled.rounds} in {len(runs_cited)} runs "
             f"| {'; '.join(cell for cell, _ in runs_cited)} "
