@@ -77,12 +77,17 @@ def _milliseconds(work: dict[str, Any], name: str) -> str:
     return "n/a" if mean is None else f"{mean:.2f}"
 
 
+def _report_link(run_dir: Path, page: Path) -> str:
+    """The run's name linking to its report, relative to the page it is on."""
+    report = Path(os.path.relpath(run_dir / "report.md", page.parent)).as_posix()
+    return f"[{run_dir.name}]({report})"
+
+
 def _run_cell(run_dir: Path, summary: dict[str, Any], page: Path) -> str:
     provenance = summary["provenance"]
     commit = (provenance["commit"] or "unknown")[:8] + (" dirty" if provenance["dirty"] else "")
-    report = Path(os.path.relpath(run_dir / "report.md", page.parent)).as_posix()
     return (
-        f"[{run_dir.name}]({report}) ({summary['workload']}, "
+        f"{_report_link(run_dir, page)} ({summary['workload']}, "
         f"{summary['size']}, {summary['rounds']} rounds, `{commit}`)"
     )
 
@@ -151,9 +156,9 @@ def _hot_path_cell(value: dict[str, Any]) -> str:
 
 def _hot_path_verdict(value: dict[str, Any]) -> str:
     """Whether the interval leaves out no difference (0 ms added, a ratio of 1)."""
-    if value["low"] is None or value["high"] is None:
+    interval = _interval_of(value)
+    if interval is None:
         return "not resolved"
-    interval = Interval(value["estimate"], value["low"], value["high"])
     neutral = 0.0 if value["kind"] == ADDED else 1.0
     if not interval.excludes(neutral):
         return "not resolved"
@@ -189,7 +194,7 @@ def pooled_table(runs: Sequence[Path], root: Path = Path(), page: Path = README)
             continue
         pooled = pooled_round_ratio(
             [ratio["per_round"] for _, ratio in runs_cited],
-            [_own_interval(ratio) for _, ratio in runs_cited],
+            [_interval_of(ratio) for _, ratio in runs_cited],
         )
         assert pooled is not None, "two runs hold two rounds"
         lines.append(
@@ -208,10 +213,11 @@ def _shape(summary: dict[str, Any]) -> tuple[str, str, object]:
     return (summary["workload"], summary["size"], summary.get("programs_per_round"))
 
 
-def _own_interval(ratio: dict[str, Any]) -> Interval | None:
-    if ratio["low"] is None or ratio["high"] is None:
+def _interval_of(value: dict[str, Any]) -> Interval | None:
+    """A summary's figure with its interval; None for a figure of one round."""
+    if value["low"] is None or value["high"] is None:
         return None
-    return Interval(ratio["estimate"], ratio["low"], ratio["high"])
+    return Interval(value["estimate"], value["low"], value["high"])
 
 
 def _pooled_run_cell(
@@ -220,9 +226,8 @@ def _pooled_run_cell(
     provenance = summary["provenance"]
     machine = provenance.get("machine", {}).get("cpu_model") or "unknown CPU"
     day = (provenance.get("started_utc") or "unknown day")[:10]
-    report = Path(os.path.relpath(run_dir / "report.md", page.parent)).as_posix()
     return (
-        f"[{run_dir.name}]({report}) {format_interval(ratio, 'x', 2)}, "
+        f"{_report_link(run_dir, page)} {format_interval(ratio, 'x', 2)}, "
         f"{machine.replace('(R)', '')}, {day}"
     )
 
