@@ -218,6 +218,14 @@ class PinningConfig(_Strict):
         description="Order waiting requests by their program's first arrival "
         "(vLLM's priority policy), so returning turns are not starved by new programs.",
     )
+    fcfs_horizon_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="With `program_fcfs`: a turn queues at its program's first arrival "
+        "but no earlier than this many seconds before its own arrival, so a program "
+        "that arrives while older ones are busy waits behind their turns for about "
+        "this long at most instead of until they end. None: no limit (Continuum's order).",
+    )
     fixed_ttl_s: float = Field(
         default=2.0,
         ge=0,

@@ -107,8 +107,10 @@ class PinningController:
         total_blocks: int,
         max_pinned_fraction: float,
         max_tracked_programs: int,
+        fcfs_horizon_s: float | None = None,
     ):
         self.cost_model = cost_model
+        self._fcfs_horizon_s = fcfs_horizon_s
         self._pinning_on = pinning_on
         self._max_pinned_blocks = int(total_blocks * max_pinned_fraction)
         self._max_tracked_programs = max_tracked_programs
@@ -319,6 +321,17 @@ class PinningController:
         if victim is None:
             return []
         return self._release(victim.program_id, ReleaseReason.PRESSURE)
+
+    def queue_time(self, program_id: str, arrival: float) -> float:
+        """Where a turn that arrived at `arrival` queues under program FCFS: at its
+        program's first arrival, or with a horizon no earlier than the horizon
+        before `arrival` (a program that arrived later then waits behind an older
+        one's turns for about the horizon at most, not for all of them)."""
+        program = self._programs.get(program_id)
+        first_arrival = arrival if program is None else program.first_arrival
+        if self._fcfs_horizon_s is None:
+            return first_arrival
+        return max(first_arrival, arrival - self._fcfs_horizon_s)
 
     def first_arrival(self, program_id: str) -> float | None:
         program = self._programs.get(program_id)

@@ -303,25 +303,28 @@ def test_no_blocks_leak_after_many_programs(
     assert end["free_blocks"] == start["free_blocks"]
 
 
-def test_returning_turns_overtake_newer_programs(
-    pinned_engine: Engine, event_loop_runner: asyncio.AbstractEventLoop
-) -> None:
+def finish_order_of_newcomers_and_a_returning_turn(
+    engine: Engine, loop: asyncio.AbstractEventLoop, returning_after_s: float
+) -> list[str]:
+    """Every slot busy, three new programs' first turns queue 0.1 s into it and an
+    old program's returning turn `returning_after_s` into it; the slots then free
+    one at a time. Returns the order the four finished in."""
     finish_order: list[str] = []
 
     async def tracked(
         name: str, prompt: list[int], program: str | None, delay: float, max_tokens: int
     ) -> None:
         await asyncio.sleep(delay)
-        await pinned_engine.turn(prompt, program, max_tokens=max_tokens)
+        await engine.turn(prompt, program, max_tokens=max_tokens)
         finish_order.append(name)
 
     async def scenario() -> None:
         old = f"old-{uuid.uuid4().hex[:6]}"
-        context, _ = await pinned_engine.turn(tokens(128, 40), old)
-        await pinned_engine.control("turn_ended", old, "tool")
+        context, _ = await engine.turn(tokens(128, 40), old)
+        await engine.control("turn_ended", old, "tool")
         # Eight requests of different lengths fill every slot (and fit the KV together)
         # and free them one at a time, the first well after everything below has
-        # arrived; newer programs queue up first, the old program's turn last.
+        # arrived.
         blockers = [
             tracked(f"blocker{index}", tokens(64, 50 + index), None, 0, 240 + 8 * index)
             for index in range(8)
@@ -330,14 +333,20 @@ def test_returning_turns_overtake_newer_programs(
             tracked(f"new{index}", tokens(64, 60 + index), f"new-{index}-{old}", 0.1, 4)
             for index in range(3)
         ]
-        returning = tracked("old", context + tokens(16, 70), old, 0.2, 4)
+        returning = tracked("old", context + tokens(16, 70), old, returning_after_s, 4)
         await asyncio.gather(*blockers, *newcomers, returning)
         for program in [old, *(f"new-{index}-{old}" for index in range(3))]:
-            await pinned_engine.control("end_program", program)
+            await engine.control("end_program", program)
 
-    run(event_loop_runner, scenario())
-    order = [name for name in finish_order if not name.startswith("blocker")]
-    assert order[0] == "old", finish_order
+    run(loop, scenario())
+    return [name for name in finish_order if not name.startswith("blocker")]
+
+
+def test_returning_turns_overtake_newer_programs(
+    pinned_engine: Engine, event_loop_runner: asyncio.AbstractEventLoop
+) -> None:
+    order = finish_order_of_newcomers_and_a_returning_turn(pinned_engine, event_loop_runner, 0.2)
+    assert order[0] == "old", order
 
 
 def test_an_earlier_programs_turn_is_admitted_past_later_programs_pins(
@@ -402,3 +411,25 @@ def test_without_pinning_the_same_turn_is_evicted(
 
     context, cached = run(event_loop_runner, scenario())
     assert cached < 0.1 * len(context), (cached, len(context))
+
+
+@pytest.fixture(scope="module")
+def horizon_engine(
+    event_loop_runner: asyncio.AbstractEventLoop, cache_dir: Path, stock_engine: Engine
+) -> Iterator[Engine]:
+    stock_engine.engine.shutdown()
+    settings = EnginePinningSettings(
+        mode="fixed", fixed_ttl_s=60, max_ttl_s=60, fcfs_horizon_s=0.1, replica_id="horizon"
+    )
+    engine = start_engine(event_loop_runner, cache_dir, settings)
+    yield engine
+    engine.engine.shutdown()
+
+
+def test_with_a_horizon_a_returning_turn_no_longer_overtakes_programs_long_waiting(
+    horizon_engine: Engine, event_loop_runner: asyncio.AbstractEventLoop
+) -> None:
+    """The old program's turn queues 0.1 s before its own arrival, 0.3 s into the
+    scenario: after the newcomers that have waited since 0.1 s."""
+    order = finish_order_of_newcomers_and_a_returning_turn(horizon_engine, event_loop_runner, 0.3)
+    assert order[-1] == "old", order

@@ -8,6 +8,7 @@ def controller(
     total_blocks: int = 100,
     max_pinned_fraction: float = 0.5,
     max_tracked_programs: int = 100,
+    fcfs_horizon_s: float | None = None,
 ) -> PinningController:
     return PinningController(
         TtlCostModel(
@@ -21,6 +22,7 @@ def controller(
         total_blocks=total_blocks,
         max_pinned_fraction=max_pinned_fraction,
         max_tracked_programs=max_tracked_programs,
+        fcfs_horizon_s=fcfs_horizon_s,
     )
 
 
@@ -128,6 +130,36 @@ def test_program_fcfs_keeps_the_first_arrival() -> None:
     pins.on_arrival("new", 2.0)
     finish_turn(pins, "old", 3.0)
     assert pins.on_arrival("old", 4.0) == 1.0
+
+
+def test_a_turn_queues_at_its_programs_first_arrival_without_a_horizon() -> None:
+    pins = controller()
+    pins.on_arrival("old", 1.0)
+    pins.on_arrival("old", 500.0)
+    assert pins.queue_time("old", 500.0) == 1.0
+    assert pins.queue_time("unknown", 7.0) == 7.0
+
+
+def test_a_horizon_bounds_how_far_ahead_an_old_programs_turn_queues() -> None:
+    pins = controller(fcfs_horizon_s=60.0)
+    pins.on_arrival("old", 1.0)
+    pins.on_arrival("old", 40.0)
+    assert pins.queue_time("old", 40.0) == 1.0  # within the horizon: its first arrival
+    pins.on_arrival("new", 100.0)
+    pins.on_arrival("old", 130.0)
+    old_turn = pins.queue_time("old", 130.0)
+    assert old_turn == 70.0
+    # The newcomer still waits behind the old program's turns that arrive within
+    # the horizon after it, and no longer behind later ones.
+    assert old_turn < pins.queue_time("new", 100.0)
+    assert pins.queue_time("old", 170.0) > pins.queue_time("new", 100.0)
+
+
+def test_a_forked_program_queues_in_its_parents_place() -> None:
+    pins = controller(fcfs_horizon_s=60.0)
+    pins.on_arrival("parent", 10.0)
+    pins.on_arrival("child", 30.0, parent_id="parent")
+    assert pins.queue_time("child", 30.0) == 10.0
 
 
 def test_pressure_releases_the_latest_arrived_program_first() -> None:

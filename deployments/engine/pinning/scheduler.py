@@ -67,6 +67,7 @@ class PinningSchedulerMixin:
             total_blocks=self._block_pool.num_gpu_blocks,
             max_pinned_fraction=settings.max_pinned_fraction,
             max_tracked_programs=settings.max_tracked_programs,
+            fcfs_horizon_s=settings.fcfs_horizon_s,
         )
         if settings.offload_reload_bytes_per_s is not None:
             # Per worker under tensor parallelism: each GPU copies its own shard.
@@ -87,11 +88,11 @@ class PinningSchedulerMixin:
         if program_id and request.request_id not in base.requests:
             extra_args = request.sampling_params.extra_args if request.sampling_params else None
             parent_id = (extra_args or {}).get(PARENT_PROGRAM_ARG)
-            first_arrival = self._pinning.on_arrival(
+            self._pinning.on_arrival(
                 program_id, time.time(), parent_id if isinstance(parent_id, str) else None
             )
             if self._settings.program_fcfs:
-                request.arrival_time = first_arrival
+                request.arrival_time = self._pinning.queue_time(program_id, request.arrival_time)
             self._awaiting_admission[request.request_id] = program_id
         super().add_request(request)  # type: ignore[misc]
 
@@ -155,6 +156,9 @@ class PinningSchedulerMixin:
             self._release(self._pinning.reprice(now, holding_costs))
 
     def _program_arrival(self, request: Request) -> float:
+        """The request's place in the program order pins are released by."""
+        if self._settings.program_fcfs:
+            return request.arrival_time  # its queue time, set on arrival
         first_arrival = (
             self._pinning.first_arrival(request.session_id) if request.session_id else None
         )
