@@ -866,6 +866,29 @@ class SandboxLimits(_Strict):
         "installation, writes only its call directory and paths in its `options`, and "
         "starts no process, calls no foreign code (ctypes) and signals only itself.",
     )
+    run_as: tuple[int, int] = Field(
+        default=(65534, 65534),
+        description="uid and gid a tool runs as when the worker is root (else as the "
+        "worker's own user, inside a user namespace). Paths in a tool's options and "
+        "`allowed_paths` must be readable (writable) by them.",
+    )
+    scratch_mb: int = Field(
+        default=64, ge=1, description="Size of a call's scratch directory (memory-backed), MiB."
+    )
+    max_processes: int = Field(
+        default=32,
+        ge=1,
+        description="Processes the tool's uid may have (`RLIMIT_NPROC`; calls share the uid).",
+    )
+    max_open_files: int = Field(
+        default=256, ge=16, description="File descriptors a call's process may hold."
+    )
+    audit_hooks: bool = Field(
+        default=True,
+        description="Python audit hooks in the tool process that refuse, with an error "
+        "saying why, what the operating system's confinement refuses anyway (it is "
+        "what confines; the hooks only explain). Off: the tool meets the kernel's refusals.",
+    )
 
 
 class HostedToolConfig(_Strict):

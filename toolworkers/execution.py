@@ -286,7 +286,7 @@ class ToolExecutor:
             return ToolOutcome(
                 ToolResult(False, str(error), "bad_arguments", 0.0), ResultSource.UNCACHED
             )
-        call = SandboxCall(tool.function_reference, parsed, tool.options, tool.spec.timeout_s)
+        call = _sandbox_call(tool, parsed)
         if tool.spec.reads_state_only:
             return await self._read_state(tool, call, tenant, program_id, origin)
         if tool.spec.state_slot is not None:
@@ -320,7 +320,7 @@ class ToolExecutor:
             return None
         assert tool.spec.partial_input is not None
         call_id = uuid.uuid4().hex
-        call = SandboxCall(tool.function_reference, {}, tool.options, tool.spec.timeout_s)
+        call = _sandbox_call(tool, {})
         if self._partial.observer is not None:
             self._partial.observer.partial_started(name)
         return PartialRun(
@@ -403,3 +403,13 @@ class ToolExecutor:
             if finished is not None:
                 return ToolOutcome(_from_cache(finished), ResultSource.AWAITED, finished.origin)
             # The runner's lease ran out (it died): claim the call again.
+
+
+def _sandbox_call(tool: HostedTool, arguments: dict[str, Any]) -> SandboxCall:
+    return SandboxCall(
+        tool.function_reference,
+        arguments,
+        tool.options,
+        tool.spec.timeout_s,
+        starts_programs=tool.spec.starts_programs,
+    )

@@ -50,6 +50,7 @@ class ToolSpec:
     partial_input: PartialInput | None = None
     program_scoped: bool = True
     state_slot: str | None = None
+    starts_programs: bool = False
 
     @property
     def reads_state_only(self) -> bool:
@@ -74,6 +75,7 @@ def hosted_tool(
     partial_input: PartialInput | None = None,
     program_scoped: bool = True,
     state_slot: str | None = None,
+    starts_programs: bool = False,
 ) -> Callable[[F], F]:
     """Declares a function a hosted tool. `program_scoped`: its result depends on
     the calling program's state, so cached results are shared only within that
@@ -84,7 +86,8 @@ def hosted_tool(
     state, whatever it leaves is dropped, and its calls run on a snapshot, cached
     per state version. `partial_input`: the tool can start on part of its
     arguments while the call is still being decoded
-    (`toolworkers.partial_input`)."""
+    (`toolworkers.partial_input`). `starts_programs`: the tool runs programs
+    (`execve`, inside the same confinement); refused to every other tool."""
 
     def declare(function: F) -> F:
         spec = ToolSpec(
@@ -97,6 +100,7 @@ def hosted_tool(
             partial_input=partial_input,
             program_scoped=program_scoped,
             state_slot=state_slot,
+            starts_programs=starts_programs,
         )
         setattr(function, _SPEC_ATTRIBUTE, spec)
         return function

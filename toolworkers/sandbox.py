@@ -58,6 +58,8 @@ class SandboxCall:
     options: dict[str, Any]
     timeout_s: float
     state: SlotContents | None = None
+    starts_programs: bool = False
+    """The tool runs programs (`execve`); refused to every other tool."""
 
 
 def _zygote_environment() -> dict[str, str]:
@@ -244,6 +246,12 @@ def _request_line(call: SandboxCall, limits: SandboxLimits, partial: bool) -> by
             "max_file_bytes": limits.max_file_bytes,
             "network": limits.network,
             "allowed_paths": limits.allowed_paths,
+            "run_as": list(limits.run_as),
+            "scratch_bytes": limits.scratch_mb * 1024 * 1024,
+            "max_processes": limits.max_processes,
+            "max_open_files": limits.max_open_files,
+            "starts_programs": call.starts_programs,
+            "audit_hooks": limits.audit_hooks,
         },
     }
     if partial:

@@ -8,17 +8,20 @@ stateful call left); whatever the tool prints goes to stderr."""
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import inspect
 import json
 import os
 import resource
+import site
 import sys
+import sysconfig
 from collections.abc import Callable, Iterator
 from typing import Any
 
-_CLONE_NEWNET = 0x40000000
+from toolworkers.confinement import ConfinementError, ConfinementPlan
+from toolworkers.confinement import enter as enter_confinement
+
 _NETWORK_EVENTS = frozenset(
     {"socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo"}
 )
@@ -56,6 +59,10 @@ _WRITE_EVENTS = frozenset(
 )
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _READABLE_SYSTEM_PATHS = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
+# What a tool process may read besides its packages: the interpreter's library
+# and the shared libraries (with the loader's cache) extension modules load.
+_PYTHON_PATHS = ("stdlib", "platstdlib", "purelib", "platlib")
+_SYSTEM_LIBRARIES = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/etc/ld.so.cache")
 _NETWORK_CONFIGURATION = ("/etc/hosts", "/etc/resolv.conf", "/etc/nsswitch.conf", "/etc/ssl")
 
 
@@ -75,12 +82,7 @@ class _Confinement:
     no foreign code, signal only itself."""
 
     def __init__(self, request: dict[str, Any]):
-        limits = request["limits"]
-        granted = [
-            value
-            for value in request["options"].values()
-            if isinstance(value, str) and os.path.isabs(value)
-        ] + list(limits["allowed_paths"])
+        granted = _granted_paths(request)
         self._writable = tuple(os.path.realpath(path) for path in [os.getcwd(), *granted])
         python = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
         python.update(entry for entry in sys.path if entry)
@@ -88,7 +90,7 @@ class _Confinement:
         readable = {os.path.realpath(path) for path in python}
         readable.update(_READABLE_SYSTEM_PATHS)
         readable.add(f"/proc/{os.getpid()}")
-        if limits["network"]:
+        if request["limits"]["network"]:
             readable.update(_NETWORK_CONFIGURATION)
         self._readable = (*self._writable, *sorted(readable))
 
@@ -129,6 +131,12 @@ class _Confinement:
 
 
 def _package_roots(function_reference: str) -> list[str]:
+    """The tool's package and the directories that hold it."""
+    locations = _package_locations(function_reference)
+    return [os.path.dirname(location) for location in locations] + locations
+
+
+def _package_locations(function_reference: str) -> list[str]:
     """Where the tool's top-level package lives (found without importing it)."""
     import importlib.util
 
@@ -142,7 +150,45 @@ def _package_roots(function_reference: str) -> list[str]:
     locations = list(spec.submodule_search_locations or [])
     if spec.origin and os.path.isabs(spec.origin):
         locations.append(os.path.dirname(spec.origin))
-    return [os.path.dirname(location) for location in locations] + locations
+    return locations
+
+
+def confinement_plan(request: dict[str, Any]) -> ConfinementPlan:
+    """The namespaces' view for the call: the Python installation, the packages
+    this process has imported and the tool's, read-only; the paths granted in the
+    tool's options and `allowed_paths`, writable."""
+    limits = request["limits"]
+    python = {sysconfig.get_paths()[kind] for kind in _PYTHON_PATHS}
+    python.update(site.getsitepackages())
+    python.add(sysconfig.get_config_var("LIBDIR") or sys.base_prefix)
+    python.update(_SYSTEM_LIBRARIES)
+    for name, module in list(sys.modules.items()):
+        if "." not in name and (locations := getattr(module, "__path__", None)):
+            python.update(location for location in locations if os.path.isabs(location))
+    python.update(_package_locations(request["function"]))
+    if limits["network"]:
+        python.update(_NETWORK_CONFIGURATION)
+    uid, gid = limits["run_as"]
+    return ConfinementPlan(
+        workdir=os.getcwd(),
+        read_only=tuple(sorted(python)),
+        writable=tuple(_granted_paths(request)),
+        network=limits["network"],
+        starts_programs=limits["starts_programs"],
+        uid=uid,
+        gid=gid,
+        scratch_bytes=limits["scratch_bytes"],
+        max_processes=limits["max_processes"],
+        max_open_files=limits["max_open_files"],
+    )
+
+
+def _granted_paths(request: dict[str, Any]) -> list[str]:
+    return [
+        value
+        for value in request["options"].values()
+        if isinstance(value, str) and os.path.isabs(value)
+    ] + list(request["limits"]["allowed_paths"])
 
 
 def _limit_self(limits: dict[str, Any], confinement: _Confinement) -> None:
@@ -152,11 +198,11 @@ def _limit_self(limits: dict[str, Any], confinement: _Confinement) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
     file_bytes = int(limits["max_file_bytes"])
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+    # The namespaces and the seccomp filter confine the process; the audit hooks
+    # only turn what they would refuse into errors that say why.
+    if not limits["audit_hooks"]:
+        return
     if not limits["network"]:
-        # An empty network namespace where the kernel allows it (root, or user
-        # namespaces); the audit hook refuses sockets either way.
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.unshare(_CLONE_NEWNET)
         sys.addaudithook(_deny_network)
     sys.addaudithook(confinement)
 
@@ -234,6 +280,12 @@ def _run_partial(
 
 def main() -> None:
     request = json.loads(sys.stdin.buffer.readline())
+    try:
+        enter_confinement(confinement_plan(request))
+    except ConfinementError as error:
+        refusal = _failure("confinement", f"the tool cannot be confined: {error}")
+        sys.stdout.write(json.dumps(refusal))
+        return
     result_stream = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
     sys.stdout = sys.stderr

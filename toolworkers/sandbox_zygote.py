@@ -41,9 +41,8 @@ def _run_child(control: socket.socket, request: dict[str, Any], descriptors: lis
         os.setsid()
         for target, descriptor in enumerate(descriptors):
             os.dup2(descriptor, target)
-        for descriptor in descriptors:
-            if descriptor >= _CHILD_DESCRIPTORS:
-                os.close(descriptor)
+        # The zygote's own descriptors (its wake-up pipe, its selector) stay with it.
+        os.closerange(_CHILD_DESCRIPTORS, os.sysconf("SC_OPEN_MAX"))
         os.chdir(request["workdir"])
         os.environ.clear()
         os.environ.update(request["environment"])

@@ -13,6 +13,7 @@ import pytest
 from client_tools import WEATHER_TOOL
 from openai import OpenAI
 from programs import TEST_CLIENT_AUTH, cluster_program_id
+from tool_paths import owned_by_tools
 
 from cluster.config import HostedToolConfig, ToolserveConfig, load_config
 from cluster.launch.launcher import Endpoints, LocalCluster
@@ -45,14 +46,15 @@ def cluster_config(hosted_data_dir: Path, lookup_ledger: Path) -> ToolserveConfi
     config = load_config()
     extra_tools = [
         HostedToolConfig(
-            function=f"toolworkers.hosted_tools:{name}", options={"root": str(hosted_data_dir)}
+            function=f"toolworkers.hosted_tools:{name}",
+            options={"root": owned_by_tools(hosted_data_dir)},
         )
         for name in ("read_file", "list_files")
     ]
     extra_tools.append(
         HostedToolConfig(
             function="bench.tools:lookup_record",
-            options={"latency_s": 1.0, "ledger": str(lookup_ledger)},
+            options={"latency_s": 1.0, "ledger": owned_by_tools(lookup_ledger, create_file=True)},
         )
     )
     return config.model_copy(

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tool_paths import owned_by_tools
 
 from cluster.config import HostedToolConfig, SandboxLimits, ToolsConfig
 from cluster.store.partial_calls import ChannelUnavailable, PartialCallChannel
@@ -67,7 +68,9 @@ def executor(
             HostedToolConfig(function="toolworkers.plan_tool:run_plan"),
         ]
     )
-    limits = LIMITS.model_copy(update={"allowed_paths": [str(writable)] if writable else []})
+    limits = LIMITS.model_copy(
+        update={"allowed_paths": [owned_by_tools(writable)] if writable else []}
+    )
     worker = ToolWorker(limits, redis_url)
 
     async def run_whole(call: SandboxCall) -> ToolResult:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tool_paths import owned_by_tools
 
 from cluster.config import SandboxLimits
 from toolworkers import sandbox
@@ -183,7 +184,7 @@ async def partial_call(pieces: list[str], arguments: dict[str, object]) -> ToolR
 def test_a_partial_call_runs_its_pieces_before_it_is_finished(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
 
-    limits = LIMITS.model_copy(update={"allowed_paths": [str(tmp_path)]})
+    limits = LIMITS.model_copy(update={"allowed_paths": [owned_by_tools(tmp_path)]})
 
     async def scenario() -> ToolResult:
         call = sandbox.PartialCall(SandboxCall(PYTHON_TOOL, {}, {}, 20.0), limits)
@@ -274,7 +275,7 @@ def test_a_tool_reads_and_writes_its_call_directory_and_its_option_paths(tmp_pat
     data = tmp_path / "data.txt"
     data.write_text("granted")
     assert run("read_file", {"path": str(data)}).output.startswith("PermissionError")
-    granted = run("read_under", {"path": "data.txt"}, options={"root": str(tmp_path)})
+    granted = run("read_under", {"path": "data.txt"}, options={"root": owned_by_tools(tmp_path)})
     assert granted.output == "granted"
     assert run("where_am_i").ok, "the call directory stays writable"
     assert "SECRET" not in run("environment").output

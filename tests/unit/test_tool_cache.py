@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tool_paths import owned_by_tools
 
 from cluster.config import HostedToolConfig, SandboxLimits, ToolCacheConfig, ToolsConfig
 from cluster.store.tool_cache import CachedToolResult, ToolCache
@@ -133,7 +134,10 @@ def test_concurrent_requesters_across_processes_run_a_call_once(
     have, ask for the same call at once: the tool runs once, all get its result."""
     ledger = tmp_path / "runs.log"
     config = tools_config(
-        HostedToolConfig(function="tool_cache_probes:slow_lookup", options={"ledger": str(ledger)})
+        HostedToolConfig(
+            function="tool_cache_probes:slow_lookup",
+            options={"ledger": owned_by_tools(ledger, create_file=True)},
+        )
     )
     registry = ToolRegistry.from_config(config)
     program = unique("program")
@@ -186,7 +190,10 @@ def test_concurrent_requesters_across_processes_run_a_call_once(
 def test_tools_with_side_effects_are_never_cached(cache_url: str, tmp_path: Path) -> None:
     ledger = tmp_path / "runs.log"
     config = tools_config(
-        HostedToolConfig(function="tool_cache_probes:append_line", options={"ledger": str(ledger)})
+        HostedToolConfig(
+            function="tool_cache_probes:append_line",
+            options={"ledger": owned_by_tools(ledger, create_file=True)},
+        )
     )
     registry = ToolRegistry.from_config(config)
 
@@ -335,7 +342,10 @@ def test_a_speculative_run_is_reused_with_its_origin_and_duration(
 ) -> None:
     ledger = tmp_path / "runs.log"
     config = tools_config(
-        HostedToolConfig(function="tool_cache_probes:slow_lookup", options={"ledger": str(ledger)})
+        HostedToolConfig(
+            function="tool_cache_probes:slow_lookup",
+            options={"ledger": owned_by_tools(ledger, create_file=True)},
+        )
     )
     registry = ToolRegistry.from_config(config)
 

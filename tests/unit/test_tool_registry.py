@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from tool_paths import owned_by_tools
 
 from cluster.config import HostedToolConfig, SandboxLimits, ToolCacheConfig, ToolsConfig
 from toolworkers.registry import CostClass, RegistryError, ToolRegistry
@@ -78,13 +79,10 @@ def test_two_tools_cannot_share_a_name() -> None:
 
 def test_hosted_file_tools_run_in_the_sandbox_on_their_data_directory(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("alpha\nbeta gamma\n")
+    data = owned_by_tools(tmp_path)
     tools = registry(
-        HostedToolConfig(
-            function="toolworkers.hosted_tools:search_files", options={"root": str(tmp_path)}
-        ),
-        HostedToolConfig(
-            function="toolworkers.hosted_tools:read_file", options={"root": str(tmp_path)}
-        ),
+        HostedToolConfig(function="toolworkers.hosted_tools:search_files", options={"root": data}),
+        HostedToolConfig(function="toolworkers.hosted_tools:read_file", options={"root": data}),
     )
 
     def run(name: str, arguments: dict[str, str]) -> str:

@@ -158,7 +158,8 @@ class PinningSchedulerMixin:
     def _program_arrival(self, request: Request) -> float:
         """The request's place in the program order pins are released by."""
         if self._settings.program_fcfs:
-            return request.arrival_time  # its queue time, set on arrival
+            queue_time: float = request.arrival_time  # set on arrival
+            return queue_time
         first_arrival = (
             self._pinning.first_arrival(request.session_id) if request.session_id else None
         )
