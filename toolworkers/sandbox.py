@@ -175,6 +175,11 @@ class _Zygote:
 _zygote: _Zygote | None = None
 
 
+def zygote_pid() -> int | None:
+    """This process's zygote, while one runs."""
+    return _zygote.pid if _zygote is not None and _zygote.alive else None
+
+
 def _running_zygote() -> _Zygote:
     """This process's zygote, started on first use and again after it is lost
     or when calls move to another event loop."""
