@@ -133,7 +133,9 @@ class Speculator:
         messages = body.get("messages") or []
         history = calls_in_history(messages)
         turn = SpeculationTurn(
-            agent=shared_prefix_key(messages, tools, 0) or "",
+            # Learned per tenant: another tenant's calls never shape these
+            # predictions (a speculated call would reveal what others call).
+            agent=f"{tenant}\n{shared_prefix_key(messages, tools, 0) or ''}",
             user_text=latest_user_text(messages),
             last_call=history[-1] if history else None,
         )

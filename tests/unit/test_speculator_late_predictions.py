@@ -121,6 +121,31 @@ def test_a_draft_call_the_learned_predictor_issued_is_not_sent_again() -> None:
     assert sent == []
 
 
+def test_one_tenants_calls_never_shape_anothers_predictions() -> None:
+    """The same agent (instructions and tools) under two API keys: what tenant B's
+    turns teach the learned predictor is B's alone."""
+    executor = _Executor()
+    made = [ObservedCall(DRAFTED_CALL["name"], DRAFTED_CALL["arguments"])]
+
+    def learned_issue(speculator: Speculator, tenant: str) -> list[str]:
+        turn = speculator.start(_body(), "program-1", tenant, launch=True)
+        assert turn is not None and turn.task is not None
+        turn.task.cancel()  # the draft's answer is not what this test is about
+        return turn.issued_call_texts()
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        speculator = _speculator([], executor, learned=True)
+        for _ in range(3):
+            taught = speculator.start(_body(), "program-1", "tenant-b", launch=False)
+            assert taught is not None
+            speculator.settle(taught, made)
+        return learned_issue(speculator, "tenant-a"), learned_issue(speculator, "tenant-b")
+
+    for_a, for_b = asyncio.run(scenario())
+    assert for_a == []
+    assert [json.loads(text) for text in for_b] == [DRAFTED_CALL]
+
+
 def test_call_text_is_the_json_object_the_model_writes() -> None:
     call = PredictedCall("calculator", {"expression": "1+1"}, 1.0, "learned")
     assert json.loads(call_text(call)) == {
