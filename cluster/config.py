@@ -650,6 +650,35 @@ class ResponseCacheConfig(_Strict):
     )
 
 
+class TenantQuotaConfig(_Strict):
+    """Per-tenant quotas at the API (a tenant: one API key, or every caller without
+    one). A request past one is answered 429 with `Retry-After`, as OpenAI's API
+    answers, so clients' own retries back off; refusals are counted in
+    `toolserve_quota_refusals_total{quota}`."""
+
+    requests_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Chat requests a tenant may send per second (a token bucket of "
+        "`burst`); None: no limit.",
+    )
+    burst: int = Field(
+        default=20, ge=1, description="Requests a tenant may send at once past its rate."
+    )
+    max_programs: int | None = Field(
+        default=None,
+        ge=1,
+        description="Programs a tenant may run at once (from its first turn until a "
+        "last-step turn, `DELETE /v1/sessions/{id}` or `program_idle_s`); a new "
+        "program's first turn past it is refused. None: no limit.",
+    )
+    programs_retry_after_s: float = Field(
+        default=5,
+        gt=0,
+        description="`Retry-After` of a turn refused for `max_programs`.",
+    )
+
+
 class ServerConfig(_Strict):
     """The OpenAI-compatible HTTP endpoint."""
 
@@ -736,6 +765,9 @@ class ServerConfig(_Strict):
         "with its tenant (vLLM's `cache_salt`), so a tenant cannot learn another's "
         "prompts by timing a cache hit; on: common preambles (system prompt, tool "
         "schemas) are prefilled once for all tenants.",
+    )
+    quotas: TenantQuotaConfig = Field(
+        default_factory=TenantQuotaConfig, description="Per-tenant quotas at the API."
     )
     program_idle_s: float = Field(
         default=300,

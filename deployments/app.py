@@ -223,6 +223,7 @@ def build_application(
                 ApiKeys.of(config.server.accepted_api_keys()),
                 config.server.shared_prefix_cache,
                 config.server.session_ttl_s,
+                config.server.quotas,
             ),
             RequestLimits(
                 config.server.max_request_bytes,

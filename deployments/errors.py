@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -17,11 +18,15 @@ class ApiError:
     message: str
     code: str
     param: str | None = None
+    retry_after_s: float | None = None
+    """For a 429 or 503: when a retry may pass (the `Retry-After` header)."""
 
     @property
     def type(self) -> str:
         if self.status >= 500:
             return "service_unavailable_error" if self.status == 503 else "server_error"
+        if self.status == HTTPStatus.TOO_MANY_REQUESTS:
+            return "requests"
         return "invalid_request_error"
 
     def body(self) -> dict[str, Any]:
@@ -52,6 +57,17 @@ class RequestRejected(Exception):
     def __init__(self, error: ApiError):
         super().__init__(error.message)
         self.error = error
+
+
+def retry_after_header(retry_after_s: float) -> str:
+    """`Retry-After` in whole seconds, never 0 for a wait that is not."""
+    return str(max(1, math.ceil(retry_after_s)))
+
+
+def rate_limited(message: str, retry_after_s: float) -> ApiError:
+    return ApiError(
+        HTTPStatus.TOO_MANY_REQUESTS, message, "rate_limit_exceeded", None, retry_after_s
+    )
 
 
 def invalid_request(message: str, param: str | None = None) -> ApiError:

@@ -6,7 +6,7 @@ turns its answers into metrics."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 TURN_INDEX_BUCKETS = ((1, "1"), (2, "2"), (4, "3-4"), (8, "5-8"), (16, "9-16"), (32, "17-32"))
@@ -37,6 +37,7 @@ class _Program:
     last_end: float | None
     turns: int
     in_flight: int
+    owner: str
 
 
 class ProgramClock:
@@ -46,15 +47,20 @@ class ProgramClock:
     def __init__(self, max_programs: int = 100_000):
         self._programs: OrderedDict[str, _Program] = OrderedDict()
         self._max_programs = max_programs
+        self._running_by_owner: Counter[str] = Counter()
 
-    def turn_started(self, program_id: str, now: float) -> tuple[int, list[EndedProgram]]:
-        """The turn's 1-based index in its program, and programs evicted to make room."""
+    def turn_started(
+        self, program_id: str, now: float, owner: str = ""
+    ) -> tuple[int, list[EndedProgram]]:
+        """The turn's 1-based index in its program, and programs evicted to make
+        room. `owner` (a tenant) is recorded with a new program."""
         program = self._programs.get(program_id)
         evicted = []
         if program is None:
-            program = self._programs[program_id] = _Program(now, None, 0, 0)
+            program = self._programs[program_id] = _Program(now, None, 0, 0, owner)
+            self._running_by_owner[owner] += 1
             while len(self._programs) > self._max_programs:
-                oldest_id, oldest = self._programs.popitem(last=False)
+                oldest_id, oldest = self._pop(next(iter(self._programs)))
                 evicted.append(_ended(oldest_id, oldest, "evicted"))
         self._programs.move_to_end(program_id)
         program.turns += 1
@@ -69,14 +75,15 @@ class ProgramClock:
         program.in_flight -= 1
         program.last_end = now
         if last_step and program.in_flight == 0:
-            del self._programs[program_id]
+            self._pop(program_id)
             return _ended(program_id, program, "last_step")
         return None
 
     def ended(self, program_id: str) -> EndedProgram | None:
         """The client ended the program (`DELETE`)."""
-        program = self._programs.pop(program_id, None)
-        return None if program is None else _ended(program_id, program, "deleted")
+        if program_id not in self._programs:
+            return None
+        return _ended(*self._pop(program_id), "deleted")
 
     def idle(self, now: float, idle_s: float) -> list[EndedProgram]:
         """Programs without a turn in flight whose last turn ended `idle_s` ago or more."""
@@ -87,8 +94,22 @@ class ProgramClock:
             and program.last_end is not None
             and now - program.last_end >= idle_s
         ]
-        ended = [_ended(pid, self._programs.pop(pid), "idle") for pid in expired]
+        ended = [_ended(*self._pop(pid), "idle") for pid in expired]
         return [e for e in ended if e is not None]
+
+    def is_running(self, program_id: str) -> bool:
+        return program_id in self._programs
+
+    def running_programs(self, owner: str) -> int:
+        """Programs of `owner` started and not ended."""
+        return self._running_by_owner[owner]
+
+    def _pop(self, program_id: str) -> tuple[str, _Program]:
+        program = self._programs.pop(program_id)
+        self._running_by_owner[program.owner] -= 1
+        if not self._running_by_owner[program.owner]:
+            del self._running_by_owner[program.owner]
+        return program_id, program
 
     def __len__(self) -> int:
         return len(self._programs)

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from cluster.openai_protocol import PARENT_PROGRAM_ARG, with_predicted_calls
 from cluster.policies.program_clock import turn_bucket
+from cluster.policies.tenancy import scoped_program_id
 from cluster.store.response_cache import StoredReply
 from cluster.store.responses import ResponseOwner
 from deployments.api.model_client import ReplyStream, reply_head
@@ -39,8 +40,8 @@ from deployments.api.response_cache import (
 from deployments.api.routes import api_route, app, error_response
 from deployments.api.speculator import SpeculationTurn
 from deployments.api.state import IngressState
-from deployments.api.tenants import cache_salt, scoped_program_id
-from deployments.errors import engine_not_ready
+from deployments.api.tenants import cache_salt
+from deployments.errors import RequestRejected, engine_not_ready, rate_limited
 from deployments.turn import ReplyHead, ReplyTail, TurnContext, is_last_step
 from toolworkers.predictor import ObservedCall
 from toolworkers.speculation import observed_calls, reply_calls
@@ -101,6 +102,8 @@ class ChatRoutes(IngressState):
             check_session_id(parsed.hints.parent_session_id, self._limits.max_session_id_chars)
         program_id = scoped_program_id(tenant, client_program_id)
         chat = parsed.request
+        to_draft = self._draft_model is not None and chat.model == self._draft_model
+        self._check_quotas(tenant, program_id, starts_programs=not to_draft)
         chat.session_id = program_id
         salt = cache_salt(tenant, chat.cache_salt, self._tenancy.shared_prefix_cache)
         chat.cache_salt = salt
@@ -121,7 +124,6 @@ class ChatRoutes(IngressState):
             owner_ttl_s = self._tools_config.cache.response_owner_ttl_s
             records.append(self._response_owners.record(owner, owner_ttl_s))
         await asyncio.gather(*records)
-        to_draft = self._draft_model is not None and chat.model == self._draft_model
         execute_tools = parsed.options.execute_tools
         cacheable = self._cacheable(parsed, tenant, client_program_id, request.headers)
         if cacheable is not None:
@@ -136,7 +138,7 @@ class ChatRoutes(IngressState):
             self._metrics.response_cache_lookups.inc(tags={"result": "hit" if stored else "miss"})
             if stored is not None:
                 if not to_draft:
-                    self._turn_started(program_id, started, is_last_step(chat))()
+                    self._turn_started(program_id, tenant, started, is_last_step(chat))()
                 return self._cached_reply(stored, chat, started, headers)
             headers[CACHE_HEADER] = "miss"
         speculation = (
@@ -157,7 +159,9 @@ class ChatRoutes(IngressState):
             stop_invalid_calls=parsed.options.stop_invalid_calls,
         )
         turn_ended = (
-            _nothing if to_draft else self._turn_started(program_id, started, is_last_step(chat))
+            _nothing
+            if to_draft
+            else self._turn_started(program_id, tenant, started, is_last_step(chat))
         )
 
         try:
@@ -256,10 +260,24 @@ class ChatRoutes(IngressState):
         if parent is not None:
             chat.vllm_xargs = (chat.vllm_xargs or {}) | {PARENT_PROGRAM_ARG: parent}
 
-    def _turn_started(self, program_id: str, arrived: float, last_step: bool) -> Callable[[], None]:
+    def _check_quotas(self, tenant: str, program_id: str, starts_programs: bool) -> None:
+        """Raises RequestRejected (429) past one of the tenant's quotas."""
+        refusal = self._quotas.admit(
+            tenant,
+            time.monotonic(),
+            new_program=starts_programs and not self._programs.is_running(program_id),
+            running_programs=self._programs.running_programs(tenant),
+        )
+        if refusal is not None:
+            self._metrics.quota_refusals.inc(tags={"quota": refusal.quota})
+            raise RequestRejected(rate_limited(refusal.message, refusal.retry_after_s))
+
+    def _turn_started(
+        self, program_id: str, tenant: str, arrived: float, last_step: bool
+    ) -> Callable[[], None]:
         """Counts the turn in its program; returns what to call once (more calls do
         nothing) when its reply has ended."""
-        turn_index, evicted = self._programs.turn_started(program_id, arrived)
+        turn_index, evicted = self._programs.turn_started(program_id, arrived, tenant)
         self._program_metrics.ended(evicted)
         pending = [True]
 

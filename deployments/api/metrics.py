@@ -27,6 +27,12 @@ class ApiMetrics:
             "(e.g. dynamo.priority, sglang.retain_for_s, toolserve.last_turn).",
             tag_keys=("hint",),
         )
+        self.quota_refusals = Counter(
+            "toolserve_quota_refusals",
+            description="Requests refused with 429 for a tenant's quota, by quota "
+            "(requests_per_s, programs).",
+            tag_keys=("quota",),
+        )
         self.response_cache_lookups = Counter(
             "toolserve_response_cache_lookups",
             description="Chat requests the response cache could answer, by result "

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deployments.api.openapi_schema import with_request_bodies
-from deployments.errors import ApiError, RequestRejected
+from deployments.errors import ApiError, RequestRejected, retry_after_header
 
 if TYPE_CHECKING:
     from deployments.api.state import IngressState
@@ -35,6 +35,8 @@ app.openapi = _openapi_with_request_bodies  # type: ignore[method-assign]
 
 
 def error_response(error: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
+    if error.retry_after_s is not None:
+        headers = (headers or {}) | {"Retry-After": retry_after_header(error.retry_after_s)}
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 

@@ -12,13 +12,13 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from cluster.policies.tenancy import scoped_program_id, unscoped_program_id
 from cluster.store.pins import ControlOperation, PinningControl
 from cluster.store.tool_state import ToolStateUnavailable
 from deployments.api.agent_hints import parse_sglang_close, parse_sglang_open
 from deployments.api.request_limits import check_session_id
 from deployments.api.routes import api_route, app, error_response
 from deployments.api.state import IngressState
-from deployments.api.tenants import scoped_program_id, unscoped_program_id
 from deployments.api.tool_api import SessionOpening, parse_session_opening, parse_tool_state
 from deployments.errors import ApiError, RequestRejected, engine_not_ready, invalid_request
 

@@ -15,6 +15,7 @@ from ray.serve.handle import DeploymentHandle
 from cluster.config import ResponseCacheConfig, ToolsConfig
 from cluster.net import wait_for_free_port
 from cluster.policies.program_clock import ProgramClock
+from cluster.policies.tenant_quotas import TenantQuotas
 from cluster.store.pins import PinStore
 from cluster.store.replicas import ReplicaStatusStore
 from cluster.store.response_cache import ResponseCache
@@ -126,6 +127,13 @@ class IngressState:
         self._metrics = ApiMetrics()
         self._program_metrics = ProgramMetrics()
         self._programs = ProgramClock()
+        quotas = tenancy.quotas
+        self._quotas = TenantQuotas(
+            requests_per_s=quotas.requests_per_s,
+            burst=quotas.burst,
+            max_programs=quotas.max_programs,
+            programs_retry_after_s=quotas.programs_retry_after_s,
+        )
         self._program_idle_s = program_idle_s
         self._idle_sweep = asyncio.get_running_loop().create_task(self._end_idle_programs())
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from cluster.config import TenantQuotaConfig
+from cluster.policies.tenancy import ANONYMOUS_TENANT, key_tenant
 from deployments.errors import ApiError, RequestRejected
 
-ANONYMOUS_TENANT = "anonymous"
 _BEARER = "bearer "
 
 
@@ -30,20 +31,7 @@ def tenant_of(authorization: str | None) -> str:
     """The tenant of an `Authorization` header: callers are told apart by their
     API key (its digest), callers without one are one anonymous tenant."""
     key = _key_of(authorization)
-    return ANONYMOUS_TENANT if key is None else "key-" + key_digest(key)[:24]
-
-
-def scoped_program_id(tenant: str, program_id: str) -> str:
-    """The program id the cluster keys a caller's program by (pins, TTL ledger,
-    program FCFS, routing, tool state): the same id from two API keys names two
-    programs, so one key can neither join nor end another's program. Callers
-    without a key share one namespace, their ids as sent."""
-    return program_id if tenant == ANONYMOUS_TENANT else f"{tenant}/{program_id}"
-
-
-def unscoped_program_id(tenant: str, scoped_id: str) -> str:
-    """The id the caller sent, of a program id `scoped_program_id` made."""
-    return scoped_id if tenant == ANONYMOUS_TENANT else scoped_id.removeprefix(f"{tenant}/")
+    return ANONYMOUS_TENANT if key is None else key_tenant(key_digest(key))
 
 
 def cache_salt(tenant: str, client_salt: str | None, shared_prefix_cache: bool) -> str | None:
@@ -107,3 +95,4 @@ class Tenancy:
     api_keys: ApiKeys
     shared_prefix_cache: bool
     session_ttl_s: float
+    quotas: TenantQuotaConfig = field(default_factory=TenantQuotaConfig)

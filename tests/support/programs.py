@@ -3,7 +3,8 @@ the caller's API key (`deployments.api.tenants.scoped_program_id`)."""
 
 from __future__ import annotations
 
-from deployments.api.tenants import scoped_program_id, tenant_of
+from cluster.policies.tenancy import scoped_program_id
+from deployments.api.tenants import tenant_of
 
 TEST_API_KEY = "test"
 TEST_CLIENT_AUTH = {"Authorization": f"Bearer {TEST_API_KEY}"}

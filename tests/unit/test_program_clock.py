@@ -66,3 +66,23 @@ def test_turn_buckets() -> None:
         "33+",
         "33+",
     ]
+
+
+def test_running_programs_are_counted_by_owner_until_they_end() -> None:
+    clock = ProgramClock(max_programs=3)
+    clock.turn_started("a1", 0.0, owner="a")
+    clock.turn_started("a2", 0.0, owner="a")
+    clock.turn_started("b1", 0.0, owner="b")
+    clock.turn_started("a1", 1.0, owner="a")  # a second turn, not a second program
+    assert (clock.running_programs("a"), clock.running_programs("b")) == (2, 1)
+    assert clock.is_running("a1") and not clock.is_running("c1")
+    clock.turn_finished("a1", 2.0, last_step=False)
+    clock.turn_finished("a1", 2.0, last_step=True)
+    clock.ended("b1")
+    assert (clock.running_programs("a"), clock.running_programs("b")) == (1, 0)
+    clock.turn_finished("a2", 3.0, last_step=False)
+    clock.idle(100.0, idle_s=10.0)
+    assert clock.running_programs("a") == 0
+    for index in range(4):  # one past the limit: the least recently used goes
+        clock.turn_started(f"c{index}", 200.0, owner="c")
+    assert clock.running_programs("c") == 3

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 from cluster.config import ConfigError, ServerConfig
-from deployments.api.tenants import (
+from cluster.policies.tenancy import (
     ANONYMOUS_TENANT,
-    ApiKeys,
-    cache_salt,
+    program_tenant,
     scoped_program_id,
-    tenant_of,
+    unscoped_program_id,
 )
+from deployments.api.tenants import ApiKeys, cache_salt, tenant_of
 from deployments.errors import RequestRejected
 
 
@@ -87,3 +87,19 @@ def test_api_keys_come_from_the_list_and_the_file(tmp_path: Path) -> None:
     assert ServerConfig().accepted_api_keys() == []
     with pytest.raises(ConfigError, match="api_keys_file"):
         ServerConfig(api_keys_file=tmp_path / "missing").accepted_api_keys()
+
+
+def test_a_scoped_program_id_names_its_tenant() -> None:
+    keyed = tenant_of("Bearer sk-one")
+    assert program_tenant(scoped_program_id(keyed, "agent/7")) == keyed
+    assert program_tenant(scoped_program_id(ANONYMOUS_TENANT, "agent-7")) == ANONYMOUS_TENANT
+    assert program_tenant("team/agent-7") == ANONYMOUS_TENANT
+
+
+def test_an_anonymous_callers_id_cannot_pass_for_a_keyed_tenants() -> None:
+    keyed_id = scoped_program_id(tenant_of("Bearer sk-one"), "agent-7")
+    as_anonymous = scoped_program_id(ANONYMOUS_TENANT, keyed_id)
+    assert as_anonymous != keyed_id
+    assert program_tenant(as_anonymous) == ANONYMOUS_TENANT
+    assert unscoped_program_id(ANONYMOUS_TENANT, as_anonymous) == keyed_id
+    assert unscoped_program_id(ANONYMOUS_TENANT, "team/agent-7") == "team/agent-7"
