@@ -254,6 +254,15 @@ class PinningConfig(_Strict):
         description="Largest share of the KV cache pins may hold; a pin that would "
         "exceed it displaces pins of later-arrived programs or is not made.",
     )
+    tenant_max_pinned_fraction: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Largest share of the KV cache one tenant's pins may hold (a "
+        "tenant: an API key, or every caller without one); a pin past it displaces "
+        "the tenant's own pins of later-arrived programs or is not made. None: no "
+        "share per tenant.",
+    )
     min_tool_samples: int = Field(
         default=5,
         ge=1,
@@ -1071,6 +1080,13 @@ class ToolsConfig(_Strict):
     workers: int = Field(default=1, ge=1, description="Tool-worker actors.")
     worker_max_concurrency: int = Field(
         default=8, ge=1, description="Calls one tool worker runs at once."
+    )
+    max_calls_per_tenant: int | None = Field(
+        default=None,
+        ge=1,
+        description="Hosted calls one tenant runs at once from one deployment replica "
+        "(the ingress, each model replica); more wait for one to end, and "
+        "speculative calls past it are not made. None: no limit.",
     )
     sandbox: SandboxLimits = Field(
         default_factory=SandboxLimits, description="Limits of each call's process."

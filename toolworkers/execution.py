@@ -8,10 +8,11 @@ stateful tool that only reads its slot is cached per version of the slot."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Protocol
@@ -32,6 +33,7 @@ RunCall = Callable[[SandboxCall], Awaitable[ToolResult]]
 RunPartialCall = Callable[[SandboxCall, str], Coroutine[Any, Any, ToolResult]]
 """Runs a partial-input call whose pieces come through its channel under the id."""
 PARTIAL_ORIGIN = "partial"
+SPECULATION_ORIGIN_PREFIX = "speculation:"
 
 # A failed call is shared with those already waiting for it, then retried by the
 # next requester rather than served from the cache for the tool's whole keep-alive.
@@ -162,6 +164,30 @@ class PartialRun:
             self.result.cancel()
 
 
+class TenantSlots:
+    """At most `limit` calls of one tenant run at once; more wait their turn."""
+
+    def __init__(self, limit: int):
+        self._limit = limit
+        self._semaphores: dict[str, asyncio.Semaphore] = {}
+        self._holders: dict[str, int] = {}
+
+    def full(self, tenant: str) -> bool:
+        return self._holders.get(tenant, 0) >= self._limit
+
+    @contextlib.asynccontextmanager
+    async def slot(self, tenant: str) -> AsyncIterator[None]:
+        semaphore = self._semaphores.setdefault(tenant, asyncio.Semaphore(self._limit))
+        self._holders[tenant] = self._holders.get(tenant, 0) + 1
+        try:
+            async with semaphore:
+                yield
+        finally:
+            self._holders[tenant] -= 1
+            if not self._holders[tenant]:
+                del self._holders[tenant], self._semaphores[tenant]
+
+
 class ToolExecutor:
     def __init__(
         self,
@@ -172,8 +198,10 @@ class ToolExecutor:
         states: ToolStateStore,
         observe: ToolObserver | None = None,
         partial: PartialCalls | None = None,
+        tenant_slots: TenantSlots | None = None,
     ):
         self._registry = registry
+        self._tenant_slots = tenant_slots
         self._run_call = run_call
         self._cache = cache
         self._cache_config = cache_config
@@ -257,9 +285,19 @@ class ToolExecutor:
         origin: str = "",
     ) -> ToolOutcome:
         """Runs a hosted call, or reuses its cached or in-flight result. `origin`
-        marks who asked (a speculation) for whoever later reuses the result."""
+        marks who asked (a speculation) for whoever later reuses the result. Past
+        the tenant's calls at once, a call waits for one to end; a speculation is
+        not made."""
         started = time.monotonic()
-        outcome = await self._call(name, arguments, tenant, program_id, origin)
+        slots = self._tenant_slots
+        if slots is None:
+            outcome = await self._call(name, arguments, tenant, program_id, origin)
+        elif origin.startswith(SPECULATION_ORIGIN_PREFIX) and slots.full(tenant):
+            skipped = ToolResult(False, "the tenant runs its most tool calls at once", "quota", 0.0)
+            return ToolOutcome(skipped, ResultSource.UNCACHED, origin)
+        else:
+            async with slots.slot(tenant):
+                outcome = await self._call(name, arguments, tenant, program_id, origin)
         outcome = replace(outcome, waited_s=time.monotonic() - started)
         if self._observe is not None:
             self._observe(name, outcome, origin)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from toolworkers.execution import PARTIAL_ORIGIN, ResultSource, ToolOutcome
 
-SPECULATION_ORIGIN_PREFIX = "speculation:"
 _LATENCY_BOUNDARIES = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60]
 
 

@@ -14,7 +14,13 @@ from cluster.config import SandboxLimits, ToolsConfig
 from cluster.store.partial_calls import ChannelUnavailable, PartialCallChannel
 from cluster.store.tool_cache import ToolCache
 from cluster.store.tool_state import LocalToolStateStore, RedisToolStateStore, ToolStateStore
-from toolworkers.execution import PartialCalls, RunCall, RunPartialCall, ToolExecutor
+from toolworkers.execution import (
+    PartialCalls,
+    RunCall,
+    RunPartialCall,
+    TenantSlots,
+    ToolExecutor,
+)
 from toolworkers.registry import ToolRegistry
 from toolworkers.sandbox import PartialCall, SandboxCall, ToolResult, run_sandboxed
 
@@ -149,4 +155,5 @@ def tool_executor(
         states,
         metrics.observe,
         partial,
+        TenantSlots(config.max_calls_per_tenant) if config.max_calls_per_tenant else None,
     )

@@ -14,6 +14,7 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from cluster.policies.tenancy import program_tenant
 from cluster.policies.ttl_cost_model import RetentionHint, TtlCostModel
 
 # Turns that end without a tool call are a class of their own for the cost model:
@@ -27,6 +28,7 @@ class ReleaseReason(enum.StrEnum):
     EXPIRY = "expiry"
     PROGRAM_END = "program_end"
     PRESSURE = "pressure"
+    TENANT_SHARE = "tenant_share"
     REPRICED = "repriced"
     MOVED = "moved"
 
@@ -108,11 +110,18 @@ class PinningController:
         max_pinned_fraction: float,
         max_tracked_programs: int,
         fcfs_horizon_s: float | None = None,
+        tenant_max_pinned_fraction: float | None = None,
     ):
         self.cost_model = cost_model
         self._fcfs_horizon_s = fcfs_horizon_s
         self._pinning_on = pinning_on
         self._max_pinned_blocks = int(total_blocks * max_pinned_fraction)
+        self._max_tenant_pinned_blocks = (
+            None
+            if tenant_max_pinned_fraction is None
+            else int(total_blocks * tenant_max_pinned_fraction)
+        )
+        self._pinned_blocks_by_tenant: Counter[str] = Counter()
         self._max_tracked_programs = max_tracked_programs
         self._programs: OrderedDict[str, _Program] = OrderedDict()
         self._pins: dict[str, Pin] = {}
@@ -202,6 +211,15 @@ class PinningController:
             if victim is None:
                 return False, released
             released += self._release(victim.program_id, ReleaseReason.PRESSURE)
+        tenant = program_tenant(program_id)
+        while (
+            self._max_tenant_pinned_blocks is not None
+            and self._pinned_blocks_by_tenant[tenant] + len(blocks) > self._max_tenant_pinned_blocks
+        ):
+            victim = self.next_to_release(program.first_arrival, tenant=tenant)
+            if victim is None:
+                return False, released
+            released += self._release(victim.program_id, ReleaseReason.TENANT_SHARE)
         ttl = self.cost_model.ttl(None, tokens, hint=hint)
         pin = Pin(
             program_id,
@@ -216,6 +234,7 @@ class PinningController:
         )
         self._pins[program_id] = pin
         self._pinned_blocks += len(blocks)
+        self._pinned_blocks_by_tenant[tenant] += len(blocks)
         self._stats.pins_created += 1
         self._ledger_changes.append(LedgerChange(program_id, pin.expires_at, tokens))
         return True, released
@@ -298,14 +317,17 @@ class PinningController:
                 program.awaiting_return = False
                 self.cost_model.observe_tool_duration(program.tool, math.inf)
 
-    def next_to_release(self, arrived_after: float | None = None) -> Pin | None:
+    def next_to_release(
+        self, arrived_after: float | None = None, tenant: str | None = None
+    ) -> Pin | None:
         """The pin to release first: the least important (highest vLLM priority
         value), then the latest-arrived program, a fork before its parent; among
-        programs that arrived after `arrived_after` when it is given."""
+        programs that arrived after `arrived_after` and of `tenant` when given."""
         candidates = (
             pin
             for pin in self._pins.values()
-            if arrived_after is None or pin.program_arrival > arrived_after
+            if (arrived_after is None or pin.program_arrival > arrived_after)
+            and (tenant is None or program_tenant(pin.program_id) == tenant)
         )
         return max(
             candidates,
@@ -367,6 +389,10 @@ class PinningController:
         if pin is None:
             return []
         self._pinned_blocks -= len(pin.blocks)
+        tenant = program_tenant(program_id)
+        self._pinned_blocks_by_tenant[tenant] -= len(pin.blocks)
+        if not self._pinned_blocks_by_tenant[tenant]:
+            del self._pinned_blocks_by_tenant[tenant]
         self._stats.releases[reason.value] += 1
         self._ledger_changes.append(LedgerChange(program_id, None))
         return [pin]

@@ -19,8 +19,7 @@ from cluster.config import SpeculationConfig
 from deployments.api.model_client import reply_head
 from deployments.replica.continuation import declared_hosted_tools
 from router.prefix import shared_prefix_key
-from toolworkers.execution import ToolExecutor
-from toolworkers.metrics import SPECULATION_ORIGIN_PREFIX
+from toolworkers.execution import SPECULATION_ORIGIN_PREFIX, ToolExecutor
 from toolworkers.predictor import (
     ObservedCall,
     PredictedCall,

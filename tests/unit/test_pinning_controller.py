@@ -9,6 +9,7 @@ def controller(
     max_pinned_fraction: float = 0.5,
     max_tracked_programs: int = 100,
     fcfs_horizon_s: float | None = None,
+    tenant_max_pinned_fraction: float | None = None,
 ) -> PinningController:
     return PinningController(
         TtlCostModel(
@@ -23,6 +24,7 @@ def controller(
         max_pinned_fraction=max_pinned_fraction,
         max_tracked_programs=max_tracked_programs,
         fcfs_horizon_s=fcfs_horizon_s,
+        tenant_max_pinned_fraction=tenant_max_pinned_fraction,
     )
 
 
@@ -378,3 +380,25 @@ def test_a_fork_holds_its_parents_place_and_lets_go_before_it() -> None:
     assert pins.relieve_pressure(arrived_after=0.0) == []
     assert [pin.program_id for pin in pins.relieve_pressure()] == ["child"]
     assert [pin.program_id for pin in pins.relieve_pressure()] == ["parent"]
+
+
+def test_a_tenant_holds_no_more_than_its_share_of_the_pins() -> None:
+    """Tenant A's programs pin up to its share (20 of 100 blocks), as the global
+    cap does: an earlier program's pin displaces A's later programs' pins, a later
+    program's is not made; tenant B's pin is untouched by A's."""
+    from cluster.policies.tenancy import key_tenant, scoped_program_id
+
+    tenant_a, tenant_b = key_tenant("a" * 64), key_tenant("b" * 64)
+    pins = controller(total_blocks=100, tenant_max_pinned_fraction=0.2)
+    programs = [scoped_program_id(tenant_a, f"p{index}") for index in range(4)]
+    other = scoped_program_id(tenant_b, "p0")
+    for arrival, program in enumerate([other, *programs]):
+        pins.on_arrival(program, float(arrival))
+    assert finish_turn(pins, other, 10.0, count=16)
+    assert finish_turn(pins, programs[1], 10.0, count=8)
+    assert finish_turn(pins, programs[2], 10.0, count=8)
+    assert finish_turn(pins, programs[0], 11.0, count=8)  # A's latest pin lets go
+    assert {pin.program_id for pin in pins.pins} == {other, programs[0], programs[1]}
+    assert pins.take_stats().releases == {"tenant_share": 1}
+    assert not finish_turn(pins, programs[3], 12.0, count=8)  # nothing later of A to let go
+    assert pins.pinned_blocks_of(other) == 16

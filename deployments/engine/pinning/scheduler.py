@@ -68,6 +68,7 @@ class PinningSchedulerMixin:
             max_pinned_fraction=settings.max_pinned_fraction,
             max_tracked_programs=settings.max_tracked_programs,
             fcfs_horizon_s=settings.fcfs_horizon_s,
+            tenant_max_pinned_fraction=settings.tenant_max_pinned_fraction,
         )
         if settings.offload_reload_bytes_per_s is not None:
             # Per worker under tensor parallelism: each GPU copies its own shard.
