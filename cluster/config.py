@@ -659,11 +659,8 @@ class ResponseCacheConfig(_Strict):
     )
 
 
-class TenantQuotaConfig(_Strict):
-    """Per-tenant quotas at the API (a tenant: one API key, or every caller without
-    one). A request past one is answered 429 with `Retry-After`, as OpenAI's API
-    answers, so clients' own retries back off; refusals are counted in
-    `toolserve_quota_refusals_total{quota}`."""
+class TenantQuotaLimits(_Strict):
+    """One tenant's limits at the API."""
 
     requests_per_s: float | None = Field(
         default=None,
@@ -681,10 +678,24 @@ class TenantQuotaConfig(_Strict):
         "last-step turn, `DELETE /v1/sessions/{id}` or `program_idle_s`); a new "
         "program's first turn past it is refused. None: no limit.",
     )
+
+
+class TenantQuotaConfig(TenantQuotaLimits):
+    """Per-tenant quotas at the API (a tenant: one API key, or every caller without
+    one): the limits above for every tenant, unless `tenants` gives it its own. A
+    request past one is answered 429 with `Retry-After`, as OpenAI's API answers,
+    so clients' own retries back off; refusals are counted in
+    `toolserve_quota_refusals_total{quota}`."""
+
     programs_retry_after_s: float = Field(
         default=5,
         gt=0,
         description="`Retry-After` of a turn refused for `max_programs`.",
+    )
+    tenants: dict[str, TenantQuotaLimits] = Field(
+        default_factory=dict,
+        description="Limits of their own, in place of the ones above, by tenant id "
+        "(`toolserve tenant-id` prints an API key's; `anonymous` for callers without one).",
     )
 
 

@@ -67,6 +67,16 @@ def _check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tenant_id(_args: argparse.Namespace) -> int:
+    from deployments.api.tenants import tenant_of
+
+    for line in sys.stdin:
+        key = line.strip()
+        if key:
+            print(tenant_of(f"Bearer {key}"))
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from bench.options import BenchOptions, default_run_name
     from bench.provenance import DirtyTreeError
@@ -480,6 +490,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reference.add_argument("--stdout", action="store_true", help="print it instead")
     reference.set_defaults(run=_config_reference)
+
+    tenant = commands.add_parser(
+        "tenant-id",
+        help="print the tenant id of each API key read from stdin (one a line), as "
+        "server.quotas.tenants names tenants",
+    )
+    tenant.set_defaults(run=_tenant_id)
 
     check = commands.add_parser("check-config", help="validate deployment profiles")
     check.add_argument("paths", nargs="+", type=Path)

@@ -15,7 +15,6 @@ from ray.serve.handle import DeploymentHandle
 from cluster.config import ResponseCacheConfig, ToolsConfig
 from cluster.net import wait_for_free_port
 from cluster.policies.program_clock import ProgramClock
-from cluster.policies.tenant_quotas import TenantQuotas
 from cluster.store.pins import PinStore
 from cluster.store.replicas import ReplicaStatusStore
 from cluster.store.response_cache import ResponseCache
@@ -26,7 +25,7 @@ from deployments.api.model_client import InProcessClient, ModelClient, ReplicaCl
 from deployments.api.request_limits import RequestLimits, capped_body
 from deployments.api.response_cache import ResponseCachePolicy
 from deployments.api.speculator import Speculator
-from deployments.api.tenants import Tenancy
+from deployments.api.tenants import Tenancy, tenant_quotas
 from deployments.replica.model_server import ModelServer
 
 API_PORT_WAIT_S = 120.0
@@ -127,13 +126,7 @@ class IngressState:
         self._metrics = ApiMetrics()
         self._program_metrics = ProgramMetrics()
         self._programs = ProgramClock()
-        quotas = tenancy.quotas
-        self._quotas = TenantQuotas(
-            requests_per_s=quotas.requests_per_s,
-            burst=quotas.burst,
-            max_programs=quotas.max_programs,
-            programs_retry_after_s=quotas.programs_retry_after_s,
-        )
+        self._quotas = tenant_quotas(tenancy.quotas)
         self._program_idle_s = program_idle_s
         self._idle_sweep = asyncio.get_running_loop().create_task(self._end_idle_programs())
 

@@ -7,8 +7,9 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from cluster.config import TenantQuotaConfig
+from cluster.config import TenantQuotaConfig, TenantQuotaLimits
 from cluster.policies.tenancy import ANONYMOUS_TENANT, key_tenant
+from cluster.policies.tenant_quotas import QuotaLimits, TenantQuotas
 from deployments.errors import ApiError, RequestRejected
 
 _BEARER = "bearer "
@@ -96,3 +97,14 @@ class Tenancy:
     shared_prefix_cache: bool
     session_ttl_s: float
     quotas: TenantQuotaConfig = field(default_factory=TenantQuotaConfig)
+
+
+def tenant_quotas(config: TenantQuotaConfig) -> TenantQuotas:
+    def limits(of: TenantQuotaLimits) -> QuotaLimits:
+        return QuotaLimits(of.requests_per_s, of.burst, of.max_programs)
+
+    return TenantQuotas(
+        limits(config),
+        programs_retry_after_s=config.programs_retry_after_s,
+        by_tenant={tenant: limits(own) for tenant, own in config.tenants.items()},
+    )

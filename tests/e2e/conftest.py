@@ -13,12 +13,14 @@ import pytest
 from client_tools import WEATHER_TOOL
 from openai import OpenAI
 from programs import TEST_CLIENT_AUTH, cluster_program_id
+from quota_tenant import QUOTA_TENANT_KEY, QUOTA_TENANT_LIMITS
 from tool_paths import owned_by_tools
 
 from cluster.config import HostedToolConfig, ToolserveConfig, load_config
 from cluster.launch.launcher import Endpoints, LocalCluster
 from cluster.net import free_port
 from cluster.store.pins import TtlLedger
+from deployments.api.tenants import tenant_of
 
 DATA_FILES = {
     "notes.txt": "alpha\nbeta\ngamma\n",
@@ -57,9 +59,14 @@ def cluster_config(hosted_data_dir: Path, lookup_ledger: Path) -> ToolserveConfi
             options={"latency_s": 1.0, "ledger": owned_by_tools(lookup_ledger, create_file=True)},
         )
     )
+    # One tenant with tight quotas of its own (tests/e2e/test_tenant_quotas.py);
+    # every other caller keeps the profile's (none).
+    quotas = config.server.quotas.model_copy(
+        update={"tenants": {tenant_of(f"Bearer {QUOTA_TENANT_KEY}"): QUOTA_TENANT_LIMITS}}
+    )
     return config.model_copy(
         update={
-            "server": config.server.model_copy(update={"port": free_port()}),
+            "server": config.server.model_copy(update={"port": free_port(), "quotas": quotas}),
             "ray": config.ray.model_copy(update={"metrics_export_port": free_port()}),
             "tools": config.tools.model_copy(
                 update={"hosted": [*config.tools.hosted, *extra_tools]}

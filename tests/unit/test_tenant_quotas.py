@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cluster.policies.tenant_quotas import TenantQuotas
+from cluster.policies.tenant_quotas import QuotaLimits, TenantQuotas
 from deployments.errors import retry_after_header
 
 
@@ -10,10 +10,7 @@ def quotas(
     requests_per_s: float | None = None, burst: int = 2, max_programs: int | None = None
 ) -> TenantQuotas:
     return TenantQuotas(
-        requests_per_s=requests_per_s,
-        burst=burst,
-        max_programs=max_programs,
-        programs_retry_after_s=5.0,
+        QuotaLimits(requests_per_s, burst, max_programs), programs_retry_after_s=5.0
     )
 
 
@@ -70,3 +67,15 @@ def test_a_bucket_idle_long_enough_is_full_again() -> None:
     assert not admitted(policy, "a", 0.0)
     assert all(admitted(policy, "a", 100.0) for _ in range(3))
     assert not admitted(policy, "a", 100.0)
+
+
+def test_a_tenant_with_limits_of_its_own_gets_them_instead_of_the_default() -> None:
+    policy = TenantQuotas(
+        QuotaLimits(requests_per_s=None),
+        programs_retry_after_s=5.0,
+        by_tenant={"small": QuotaLimits(requests_per_s=1.0, burst=1, max_programs=1)},
+    )
+    assert admitted(policy, "small", 0.0)
+    assert not admitted(policy, "small", 0.0)
+    assert policy.admit("small", 9.0, new_program=True, running_programs=1) is not None
+    assert all(admitted(policy, "anyone", 0.0) for _ in range(100))

@@ -103,3 +103,16 @@ def test_an_anonymous_callers_id_cannot_pass_for_a_keyed_tenants() -> None:
     assert program_tenant(as_anonymous) == ANONYMOUS_TENANT
     assert unscoped_program_id(ANONYMOUS_TENANT, as_anonymous) == keyed_id
     assert unscoped_program_id(ANONYMOUS_TENANT, "team/agent-7") == "team/agent-7"
+
+
+def test_the_command_prints_the_tenant_id_quotas_name_a_key_by(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import io
+
+    from cluster.launch.cli import main
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("sk-one\n\nsk-two\n"))
+    assert main(["tenant-id"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [tenant_of("Bearer sk-one"), tenant_of("Bearer sk-two")]
