@@ -124,6 +124,20 @@ def start_engine(
     return Engine(loop.run_until_complete(create()))
 
 
+def in_place_of(
+    previous: Engine,
+    loop: asyncio.AbstractEventLoop,
+    cache_dir: Path,
+    pinning: EnginePinningSettings | None,
+) -> Iterator[Engine]:
+    """A module fixture's engine started once `previous` is shut down (two engines
+    would not fit the cores)."""
+    previous.engine.shutdown()
+    engine = start_engine(loop, cache_dir, pinning)
+    yield engine
+    engine.engine.shutdown()
+
+
 @pytest.fixture(scope="module")
 def cache_dir() -> Path:
     return Path(os.environ.get("TOOLSERVE_CACHE_DIR", Path.home() / ".cache" / "toolserve"))
@@ -394,10 +408,7 @@ def test_an_earlier_programs_turn_is_admitted_past_later_programs_pins(
 def stock_engine(
     event_loop_runner: asyncio.AbstractEventLoop, cache_dir: Path, pinned_engine: Engine
 ) -> Iterator[Engine]:
-    pinned_engine.engine.shutdown()
-    engine = start_engine(event_loop_runner, cache_dir, None)
-    yield engine
-    engine.engine.shutdown()
+    yield from in_place_of(pinned_engine, event_loop_runner, cache_dir, None)
 
 
 def test_without_pinning_the_same_turn_is_evicted(
@@ -417,13 +428,10 @@ def test_without_pinning_the_same_turn_is_evicted(
 def horizon_engine(
     event_loop_runner: asyncio.AbstractEventLoop, cache_dir: Path, stock_engine: Engine
 ) -> Iterator[Engine]:
-    stock_engine.engine.shutdown()
     settings = EnginePinningSettings(
         mode="fixed", fixed_ttl_s=60, max_ttl_s=60, fcfs_horizon_s=0.1, replica_id="horizon"
     )
-    engine = start_engine(event_loop_runner, cache_dir, settings)
-    yield engine
-    engine.engine.shutdown()
+    yield from in_place_of(stock_engine, event_loop_runner, cache_dir, settings)
 
 
 def test_with_a_horizon_a_returning_turn_no_longer_overtakes_programs_long_waiting(
