@@ -206,17 +206,19 @@ def _mountpoint(target: str, is_directory: bool) -> None:
             os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o600))
 
 
-def _bind(path: str, root: str, read_only: bool) -> None:
-    """Binds `path` at its own place under `root`; a symbolic link's target is
-    bound, and the link made beside it."""
-    real = os.path.realpath(path)
+def _link_to_bound(path: str, root: str) -> None:
+    """A symbolic link `path` made under `root` too, pointing where it points."""
+    if os.path.islink(path) and not os.path.lexists(root + path):
+        os.makedirs(os.path.dirname(root + path), exist_ok=True)
+        os.symlink(os.readlink(path), root + path)
+
+
+def _bind(real: str, root: str, read_only: bool) -> None:
+    """Binds the real path `real` at its own place under `root`."""
     if not os.path.exists(real):
         return
-    if real != path and not os.path.lexists(root + path):
-        os.makedirs(os.path.dirname(root + path), exist_ok=True)
-        os.symlink(real, root + path)
     target = root + real
-    _mountpoint(target, os.path.isdir(path))
+    _mountpoint(target, os.path.isdir(real))
     _mount(real, target, None, _MS_BIND | _MS_REC, None)
     flags = _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NODEV
     locked = os.statvfs(real).f_flag
@@ -231,8 +233,10 @@ def _build_root(plan: ConfinementPlan, uid: int, gid: int) -> None:
     root = plan.workdir
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)
     _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m")
-    for path in _outermost(plan.read_only):
-        _bind(path, root, read_only=True)
+    for path in plan.read_only:
+        _link_to_bound(path, root)
+    for real in _outermost(os.path.realpath(path) for path in plan.read_only):
+        _bind(real, root, read_only=True)
     scratch = root + plan.workdir
     os.makedirs(scratch, exist_ok=True)
     _mount(
@@ -243,7 +247,8 @@ def _build_root(plan: ConfinementPlan, uid: int, gid: int) -> None:
         f"mode=0700,size={plan.scratch_bytes},uid={uid},gid={gid}",
     )
     for path in plan.writable:
-        _bind(path, root, read_only=False)
+        _link_to_bound(path, root)
+        _bind(os.path.realpath(path), root, read_only=False)
     for device in _DEVICES:
         _bind(f"/dev/{device}", root, read_only=False)
     os.makedirs(root + "/proc", exist_ok=True)

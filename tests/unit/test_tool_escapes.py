@@ -371,6 +371,10 @@ def program(attempt: Attempt) -> str:
 def loop() -> Iterator[asyncio.AbstractEventLoop]:
     event_loop = asyncio.new_event_loop()
     yield event_loop
+    pending = asyncio.all_tasks(event_loop)  # the zygote's reader
+    for task in pending:
+        task.cancel()
+    event_loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     event_loop.close()
 
 
