@@ -59,7 +59,7 @@ def cluster_config(hosted_data_dir: Path, lookup_ledger: Path) -> ToolserveConfi
             options={"latency_s": 1.0, "ledger": owned_by_tools(lookup_ledger, create_file=True)},
         )
     )
-    # One tenant with tight quotas of its own (tests/e2e/test_tenant_quotas.py);
+    # One tenant with tight quotas of its own (tests/e2e/test_quotas_api.py);
     # every other caller keeps the profile's (none).
     quotas = config.server.quotas.model_copy(
         update={"tenants": {tenant_of(f"Bearer {QUOTA_TENANT_KEY}"): QUOTA_TENANT_LIMITS}}
