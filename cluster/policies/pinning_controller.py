@@ -206,8 +206,9 @@ class PinningController:
             return False, released + self.end_program(program_id)
         if not self._pinning_on or not blocks:
             return False, released
+        place = self.queue_time(program_id, now)
         while self._pinned_blocks + len(blocks) > self._max_pinned_blocks:
-            victim = self.next_to_release(program.first_arrival)
+            victim = self.next_to_release(place, now)
             if victim is None:
                 return False, released
             released += self._release(victim.program_id, ReleaseReason.PRESSURE)
@@ -216,7 +217,7 @@ class PinningController:
             self._max_tenant_pinned_blocks is not None
             and self._pinned_blocks_by_tenant[tenant] + len(blocks) > self._max_tenant_pinned_blocks
         ):
-            victim = self.next_to_release(program.first_arrival, tenant=tenant)
+            victim = self.next_to_release(place, now, tenant)
             if victim is None:
                 return False, released
             released += self._release(victim.program_id, ReleaseReason.TENANT_SHARE)
@@ -318,28 +319,35 @@ class PinningController:
                 self.cost_model.observe_tool_duration(program.tool, math.inf)
 
     def next_to_release(
-        self, arrived_after: float | None = None, tenant: str | None = None
+        self, queued_after: float | None = None, now: float = 0.0, tenant: str | None = None
     ) -> Pin | None:
         """The pin to release first: the least important (highest vLLM priority
-        value), then the latest-arrived program, a fork before its parent; among
-        programs that arrived after `arrived_after` and of `tenant` when given."""
+        value), then the program whose next turn would queue last (the latest
+        arrived, or with a horizon the latest of that and the horizon before
+        `now`), a fork before its parent; among programs that would queue after
+        `queued_after` and of `tenant` when given."""
+        floor = -math.inf if self._fcfs_horizon_s is None else now - self._fcfs_horizon_s
+
+        def place(pin: Pin) -> float:
+            return max(pin.program_arrival, floor)
+
         candidates = (
             pin
             for pin in self._pins.values()
-            if (arrived_after is None or pin.program_arrival > arrived_after)
+            if (queued_after is None or place(pin) > queued_after)
             and (tenant is None or program_tenant(pin.program_id) == tenant)
         )
         return max(
             candidates,
-            key=lambda pin: (pin.priority, pin.program_arrival, pin.forked),
+            key=lambda pin: (pin.priority, place(pin), pin.forked),
             default=None,
         )
 
-    def relieve_pressure(self, arrived_after: float | None = None) -> list[Pin]:
-        """Release the next pin to go (memory is short). With `arrived_after`,
-        only a program that arrived after that time may lose its pin: a waiting
-        turn never waits for a later program's pin."""
-        victim = self.next_to_release(arrived_after)
+    def relieve_pressure(self, queued_after: float | None = None, now: float = 0.0) -> list[Pin]:
+        """Release the next pin to go (memory is short). With `queued_after`, only
+        a program whose next turn would queue after that may lose its pin: a
+        waiting turn never waits for the pin of a program that queues after it."""
+        victim = self.next_to_release(queued_after, now)
         if victim is None:
             return []
         return self._release(victim.program_id, ReleaseReason.PRESSURE)

@@ -180,9 +180,9 @@ def test_a_waiting_turn_releases_only_pins_of_programs_that_arrived_after_it() -
     for arrival, program in enumerate(["first", "second", "third"]):
         pins.on_arrival(program, float(arrival))
         finish_turn(pins, program, 10.0)
-    released = [pin.program_id for pin in pins.relieve_pressure(arrived_after=1.0)]
+    released = [pin.program_id for pin in pins.relieve_pressure(queued_after=1.0)]
     assert released == ["third"]
-    assert pins.relieve_pressure(arrived_after=1.0) == []
+    assert pins.relieve_pressure(queued_after=1.0) == []
     assert pins.first_arrival("second") == 1.0
     assert {pin.program_id for pin in pins.pins} == {"first", "second"}
 
@@ -364,7 +364,7 @@ def test_pressure_releases_the_least_important_program_before_the_latest() -> No
     # A waiting turn still frees only pins of programs that arrived after it.
     for program, priority in [("background", 5), ("urgent", -5)]:
         pins.on_finished(program, blocks(4, program), 256, 20.0, False, priority=priority)
-    assert [pin.program_id for pin in pins.relieve_pressure(arrived_after=0.5)] == ["urgent"]
+    assert [pin.program_id for pin in pins.relieve_pressure(queued_after=0.5)] == ["urgent"]
 
 
 def test_a_fork_holds_its_parents_place_and_lets_go_before_it() -> None:
@@ -376,8 +376,8 @@ def test_a_fork_holds_its_parents_place_and_lets_go_before_it() -> None:
     for program in ["parent", "later", "child"]:
         finish_turn(pins, program, 20.0)
     # The child's waiting turn frees only programs that arrived after its parent.
-    assert [pin.program_id for pin in pins.relieve_pressure(arrived_after=0.0)] == ["later"]
-    assert pins.relieve_pressure(arrived_after=0.0) == []
+    assert [pin.program_id for pin in pins.relieve_pressure(queued_after=0.0)] == ["later"]
+    assert pins.relieve_pressure(queued_after=0.0) == []
     assert [pin.program_id for pin in pins.relieve_pressure()] == ["child"]
     assert [pin.program_id for pin in pins.relieve_pressure()] == ["parent"]
 
@@ -402,3 +402,17 @@ def test_a_tenant_holds_no_more_than_its_share_of_the_pins() -> None:
     assert pins.take_stats().releases == {"tenant_share": 1}
     assert not finish_turn(pins, programs[3], 12.0, count=8)  # nothing later of A to let go
     assert pins.pinned_blocks_of(other) == 16
+
+
+def test_with_a_horizon_a_waiting_turn_may_take_an_old_programs_pin() -> None:
+    """An old program's next turn would queue no earlier than the horizon before
+    now: a newer program's turn that has waited longer than that comes first, so
+    the old program's pin may go for it; without the horizon it may not."""
+    for horizon, released in ((None, []), (60.0, ["old"])):
+        pins = controller(fcfs_horizon_s=horizon)
+        pins.on_arrival("old", 0.0)
+        finish_turn(pins, "old", 200.0)
+        # A new program's turn queued at 100; the old program's next turn, if it
+        # came now (at 200), would queue at 140 with the horizon, at 0 without.
+        relieved = pins.relieve_pressure(queued_after=100.0, now=200.0)
+        assert [pin.program_id for pin in relieved] == released

@@ -104,7 +104,7 @@ class PinningSchedulerMixin:
         # Running requests need a fresh block now and then; pins must not make them
         # preempt each other.
         running_reserve = len(base.running)
-        self._unpin_until_free(running_reserve)
+        self._unpin_until_free(running_reserve, now)
         head = self._waiting_head()
         if head is not None:
             self._admit(head, running_reserve, now)
@@ -117,11 +117,11 @@ class PinningSchedulerMixin:
                 cached = prefill.num_local_cached_tokens if prefill is not None else 0
                 self._release(self._pinning.on_admitted(program_id, now, cached))
         if output.preempted_req_ids:
-            self._release(self._pinning.relieve_pressure())
+            self._release(self._pinning.relieve_pressure(now=now))
         head = self._waiting_head()
         if output.total_num_scheduled_tokens == 0 and head is not None:
             # Nothing could run: earlier programs' pins go too, latest first.
-            self._unpin_until_free(self._blocks_to_admit(head))
+            self._unpin_until_free(self._blocks_to_admit(head), now)
         self._publish()
         return output
 
@@ -142,8 +142,7 @@ class PinningSchedulerMixin:
         needed = running_reserve + self._blocks_to_admit(head)
         if self._block_pool.get_num_free_blocks() >= needed:
             return
-        arrival = self._program_arrival(head)
-        self._unpin_until_free(needed, arrived_after=arrival)
+        self._unpin_until_free(needed, now, queued_after=self._queue_place(head))
         if (
             self._block_pool.get_num_free_blocks() < needed
             and head.request_id != self._repriced_for
@@ -156,7 +155,7 @@ class PinningSchedulerMixin:
             }
             self._release(self._pinning.reprice(now, holding_costs))
 
-    def _program_arrival(self, request: Request) -> float:
+    def _queue_place(self, request: Request) -> float:
         """The request's place in the program order pins are released by."""
         if self._settings.program_fcfs:
             queue_time: float = request.arrival_time  # set on arrival
@@ -180,9 +179,9 @@ class PinningSchedulerMixin:
         held = sum(1 for group in computed.blocks for block in group if block.ref_cnt > 0)
         return self._blocks_of(request) - held
 
-    def _unpin_until_free(self, blocks: int, arrived_after: float | None = None) -> None:
+    def _unpin_until_free(self, blocks: int, now: float, queued_after: float | None = None) -> None:
         while self._pinning.pinned_blocks and self._block_pool.get_num_free_blocks() < blocks:
-            released = self._pinning.relieve_pressure(arrived_after)
+            released = self._pinning.relieve_pressure(queued_after, now)
             if not released:
                 return
             self._release(released)
