@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import os
 import resource
 import signal
@@ -293,7 +294,9 @@ def _limit_resources(plan: ConfinementPlan) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
+@functools.cache
 def _seccomp_filter(starts_programs: bool) -> pyseccomp.SyscallFilter:
+    """Built once per process (the zygote) and kind, loaded by every call's process."""
     refused = pyseccomp.ERRNO(errno.EPERM)
     rules = pyseccomp.SyscallFilter(defaction=pyseccomp.ALLOW)
     denied = DENIED_SYSCALLS if starts_programs else DENIED_SYSCALLS + _PROGRAM_SYSCALLS
@@ -312,6 +315,13 @@ def _seccomp_filter(starts_programs: bool) -> pyseccomp.SyscallFilter:
         pyseccomp.Arg(1, pyseccomp.MASKED_EQ, _SOCK_TYPE_MASK, socket.SOCK_RAW),
     )
     return rules
+
+
+def prepare() -> None:
+    """Builds what every call's process would otherwise build again (the
+    seccomp filters), in the process calls are forked from."""
+    for starts_programs in (False, True):
+        _seccomp_filter(starts_programs)
 
 
 def _mirror(status: int) -> None:

@@ -26,7 +26,7 @@ import toolworkers.builtin_tools
 import toolworkers.hosted_tools
 import toolworkers.registry
 import toolworkers.tool_state  # noqa: F401
-from toolworkers import sandbox_child
+from toolworkers import confinement, sandbox_child
 
 _MAX_MESSAGE_BYTES = 1 << 16
 _CHILD_DESCRIPTORS = 3
@@ -72,6 +72,7 @@ def _report_exits(control: socket.socket) -> None:
 
 
 def main() -> None:
+    confinement.prepare()
     control = socket.socket(fileno=int(sys.argv[1]))
     wakeup_read, wakeup_write = os.pipe()
     os.set_blocking(wakeup_read, False)
