@@ -193,9 +193,12 @@ def _own_user_namespace() -> None:
     """An unprivileged worker: a user namespace where it is root, mapped to itself."""
     uid, gid = os.geteuid(), os.getegid()
     _checked(_libc.unshare(_CLONE_NEWUSER), "a user namespace")
-    _write("/proc/self/setgroups", "deny")
-    _write("/proc/self/uid_map", f"0 {uid} 1")
-    _write("/proc/self/gid_map", f"0 {gid} 1")
+    try:
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"0 {uid} 1")
+        _write("/proc/self/gid_map", f"0 {gid} 1")
+    except OSError as error:
+        raise ConfinementError(f"mapping the user namespace: {error}") from error
 
 
 def _mountpoint(target: str, is_directory: bool) -> None:
