@@ -319,17 +319,21 @@ class PinningController:
                 self.cost_model.observe_tool_duration(program.tool, math.inf)
 
     def next_to_release(
-        self, queued_after: float | None = None, now: float = 0.0, tenant: str | None = None
+        self,
+        queued_after: float | None = None,
+        now: float | None = None,
+        tenant: str | None = None,
     ) -> Pin | None:
         """The pin to release first: the least important (highest vLLM priority
-        value), then the program whose next turn would queue last (the latest
-        arrived, or with a horizon the latest of that and the horizon before
-        `now`), a fork before its parent; among programs that would queue after
-        `queued_after` and of `tenant` when given."""
-        floor = -math.inf if self._fcfs_horizon_s is None else now - self._fcfs_horizon_s
+        value), then the program whose next turn would queue last (were it to come
+        `now`; the latest arrived without a `now`), a fork before its parent;
+        among programs that would queue after `queued_after` and of `tenant` when
+        given."""
 
         def place(pin: Pin) -> float:
-            return max(pin.program_arrival, floor)
+            if now is None:
+                return pin.program_arrival
+            return self._queue_place(pin.program_arrival, now)
 
         candidates = (
             pin
@@ -343,7 +347,9 @@ class PinningController:
             default=None,
         )
 
-    def relieve_pressure(self, queued_after: float | None = None, now: float = 0.0) -> list[Pin]:
+    def relieve_pressure(
+        self, queued_after: float | None = None, now: float | None = None
+    ) -> list[Pin]:
         """Release the next pin to go (memory is short). With `queued_after`, only
         a program whose next turn would queue after that may lose its pin: a
         waiting turn never waits for the pin of a program that queues after it."""
@@ -358,7 +364,9 @@ class PinningController:
         before `arrival` (a program that arrived later then waits behind an older
         one's turns for about the horizon at most, not for all of them)."""
         program = self._programs.get(program_id)
-        first_arrival = arrival if program is None else program.first_arrival
+        return self._queue_place(arrival if program is None else program.first_arrival, arrival)
+
+    def _queue_place(self, first_arrival: float, arrival: float) -> float:
         if self._fcfs_horizon_s is None:
             return first_arrival
         return max(first_arrival, arrival - self._fcfs_horizon_s)
