@@ -32,7 +32,7 @@ class CpuUse:
         return {"cpu_total_s": self.total_s, "cpu_engine_s": self.engine_s}
 
 
-def _identify(process: psutil.Process) -> tuple[str, bool]:
+def identify_process(process: psutil.Process) -> tuple[str, bool]:
     """The process's title (vLLM and Ray name theirs), else its program's name;
     and whether it is one of vLLM's engine processes."""
     try:
@@ -77,7 +77,7 @@ class ProcessTreeCpu:
                 continue
             times[process.pid] = cpu.user + cpu.system
             # A process titles itself a while after it starts: read it every time.
-            self._names[process.pid], engine = _identify(process)
+            self._names[process.pid], engine = identify_process(process)
             if engine:
                 self._engine_pids.add(process.pid)
         return times

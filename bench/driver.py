@@ -225,7 +225,7 @@ class Driver:
         self, program: AgentProgram, started: float, requests: list[RequestRecord]
     ) -> ProgramRecord:
         await asyncio.sleep(max(0.0, program.arrival_s - (time.monotonic() - started)))
-        session_id = f"{program.program_id}.r{self._repeat}"
+        session_id = self._session_id(program)
         tool_time = 0.0
         calls = unusable = 0
         error: str | None = None
@@ -279,6 +279,13 @@ class Driver:
             unusable,
             error,
         )
+
+    def _session_id(self, program: AgentProgram) -> str:
+        return f"{program.program_id}.r{self._repeat}"
+
+    async def end_session(self, program: AgentProgram) -> None:
+        """Ends the program's session as a client that closes its sessions does."""
+        await self._client.delete(f"/sessions/{self._session_id(program)}", cast_to=httpx.Response)
 
     async def _set_tool_state(self, program: AgentProgram, session_id: str) -> None:
         if not self._hosts_tools:

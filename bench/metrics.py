@@ -259,6 +259,22 @@ def counter_totals(metrics_text: str) -> dict[str, float]:
     return dict(totals)
 
 
+def gauge_totals(metrics_text: str) -> dict[str, float]:
+    """Gauge values summed over labels, by name without the `ray_` Ray exports
+    them under (Prometheus text format)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[str, float] = defaultdict(float)
+    try:
+        for family in text_string_to_metric_families(metrics_text):
+            if family.type == "gauge":
+                for sample in family.samples:
+                    totals[sample.name.removeprefix("ray_")] += sample.value
+    except ValueError:
+        return {}
+    return dict(totals)
+
+
 def kv_cache_size_tokens(metrics_text: str) -> int | None:
     """The KV capacity a vLLM engine reports in its cache configuration gauge (the
     largest, when several engines report: the draft model's is the smaller)."""

@@ -9,7 +9,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from bench.workloads.program import AgentProgram, Reply, ToolRound
 
@@ -162,9 +162,11 @@ def start_records(run_dir: Path) -> Path:
     return path
 
 
-def append_records(
-    path: Path, records: Iterable[RequestRecord | ProgramRecord | ClientStall]
-) -> None:
+class JsonRecord(Protocol):
+    def as_json(self) -> dict[str, Any]: ...
+
+
+def append_records(path: Path, records: Iterable[JsonRecord]) -> None:
     """One arm's records, appended as a gzip member of their own: a file of
     several members reads back as one stream."""
     with gzip.open(path, "at") as file:

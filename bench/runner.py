@@ -45,23 +45,26 @@ from bench.workloads import WorkloadPlan, hot_path, plan_workload
 from cluster.config import REPO_ROOT, ToolserveConfig, load_config
 
 Log = Callable[[str], None]
-_READY_TIMEOUT_S = 900.0
+READY_TIMEOUT_S = 900.0
 # Ray's processes report their metrics every 10 s (as users run it: a shorter
 # interval would cost the Ray-based systems CPU by the second), so a scrape sees
 # what happened up to one interval earlier.
 _METRICS_SETTLE_S = 12.0
 
 
-def _raw_config(options: BenchOptions) -> dict[str, Any]:
-    config = load_config(options.config_path)
+def raw_profile_config(
+    config_path: Path | None, model: str | None = None, overrides: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The profile as plain data, with `model` for every engine and `overrides`."""
+    config = load_config(config_path)
     raw: dict[str, Any] = json.loads(config.model_dump_json())
-    if options.model:
+    if model:
         raw = with_overrides(
             raw,
-            {"main.engine.model": options.model}
-            | ({"draft.engine.model": options.model} if raw.get("draft") else {}),
+            {"main.engine.model": model}
+            | ({"draft.engine.model": model} if raw.get("draft") else {}),
         )
-    return with_overrides(raw, options.config_overrides)
+    return with_overrides(raw, overrides or {})
 
 
 def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
@@ -78,7 +81,10 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
     provenance = start_provenance(
         ["toolserve", *options.argv], REPO_ROOT, options.output_dir, options.allow_dirty
     )
-    raw_config = with_overrides(_raw_config(options), plan.toolserve_overrides)
+    raw_config = with_overrides(
+        raw_profile_config(options.config_path, options.model, options.config_overrides),
+        plan.toolserve_overrides,
+    )
     config = ToolserveConfig.model_validate(raw_config)
     kv_cache_mib = options.kv_cache_mib or plan.kv_cache_mib
     settings = engine_settings(config, kv_cache_mib * 2**20, plan.max_model_len)
@@ -216,7 +222,7 @@ def _run_arm(
     started = time.monotonic()
     try:
         process.start()
-        process.wait_ready(endpoint.base_url, settings.served_model_name, _READY_TIMEOUT_S)
+        process.wait_ready(endpoint.base_url, settings.served_model_name, READY_TIMEOUT_S)
         startup = time.monotonic() - started
         log(f"bench: {label} ready in {startup:.0f}s; running {options.workload}")
         draft = (raw_config.get("draft") or {}).get("engine", {}).get("served_model_name")

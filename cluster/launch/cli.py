@@ -122,6 +122,37 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _soak(args: argparse.Namespace) -> int:
+    from bench.provenance import DirtyTreeError
+    from bench.soak import SoakOptions, run_soak
+    from cluster.signals import stop_on_signals
+
+    options = SoakOptions(
+        minutes=args.minutes,
+        programs=args.programs,
+        hosted_share=args.hosted_share,
+        warm_up_minutes=args.warm_up_minutes,
+        sample_interval_s=args.sample_interval_s,
+        seed=args.seed,
+        config_path=args.config,
+        output_dir=args.output,
+        run_name=args.name or time.strftime("soak-%Y%m%d-%H%M%S"),
+        argv=args.argv,
+        allow_dirty=args.allow_dirty,
+    )
+    stop_on_signals()
+    try:
+        run_dir = run_soak(options, _log)
+    except KeyboardInterrupt:
+        _log("interrupted; the cluster has been stopped")
+        return 130
+    except (ValueError, DirtyTreeError) as error:
+        _log(f"error: {error}")
+        return 2
+    _log(f"soak: report at {run_dir / 'report.md'}")
+    return 0
+
+
 def _bench_table(args: argparse.Namespace) -> int:
     from bench.tables import bench_table, by_kind_table, pooled_table, updated_blocks
 
@@ -385,6 +416,33 @@ def build_parser() -> argparse.ArgumentParser:
         "scraping is work the other systems do not get: not for comparisons)",
     )
     bench.set_defaults(run=_bench)
+
+    soak = commands.add_parser(
+        "soak",
+        help="run toolserve under steady agent load and sample its resources each minute",
+    )
+    soak.add_argument("--minutes", type=float, default=30, help="how long the load runs")
+    soak.add_argument("--programs", type=int, default=32, help="programs running at a time")
+    soak.add_argument(
+        "--hosted-share",
+        type=float,
+        default=0.25,
+        help="share of the programs whose tools the cluster runs (BFCL); the rest are "
+        "many-agent programs whose tools the client runs",
+    )
+    soak.add_argument(
+        "--warm-up-minutes",
+        type=float,
+        default=8,
+        help="minutes before the series are judged for growth",
+    )
+    soak.add_argument("--sample-interval-s", type=float, default=60)
+    soak.add_argument("--seed", type=int, default=0)
+    soak.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH, help="toolserve profile")
+    soak.add_argument("--output", type=Path, default=Path("bench/results"))
+    soak.add_argument("--name", help="run name (default: soak and the time)")
+    soak.add_argument("--allow-dirty", action="store_true", help="record from a dirty tree")
+    soak.set_defaults(run=_soak)
 
     table = commands.add_parser(
         "bench-table", help="print the documentation's benchmark tables from recorded runs"

@@ -17,6 +17,10 @@ from cluster.config import REPO_ROOT, ModelDeploymentConfig, ToolserveConfig
 CHART_DIR = REPO_ROOT / "helm" / "toolserve"
 CHART_PROFILES_DIR = CHART_DIR / "profiles"
 SERVE_APPLICATION = "deployments.app:serve_application"
+API_KEYS_FILE = Path("/etc/toolserve/api-keys")
+API_KEYS_SECRET = "toolserve-api-keys"
+"""The Secret a profile that requires API keys reads them from, unless the chart's
+`apiKeysSecret` names another."""
 
 
 class KubernetesProfileError(ValueError):
@@ -34,7 +38,12 @@ def profile_values(config: ToolserveConfig) -> dict[str, Any]:
     if config.server.api_keys:
         raise KubernetesProfileError(
             f"profile {config.name}: API keys belong in a Secret; set the chart's "
-            "apiKeysSecret and server.api_keys_file: /etc/toolserve/api-keys"
+            f"apiKeysSecret and server.api_keys_file: {API_KEYS_FILE}"
+        )
+    if config.server.api_keys_file not in (None, API_KEYS_FILE):
+        raise KubernetesProfileError(
+            f"profile {config.name}: the chart mounts the apiKeysSecret at "
+            f"{API_KEYS_FILE}; set server.api_keys_file to that path"
         )
     profile = config.model_dump(mode="json", exclude_unset=True)
     server = profile.setdefault("server", {})
@@ -93,6 +102,7 @@ def chart_values(config: ToolserveConfig, redis_service: str = "redis") -> dict[
             "gpusPerPod": gpus_per_pod,
         },
         "redis": {"serviceName": redis_service},
+        **({"apiKeysSecret": API_KEYS_SECRET} if config.server.api_keys_file else {}),
     }
 
 

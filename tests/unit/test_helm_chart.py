@@ -137,6 +137,19 @@ def test_values_are_checked_against_the_configuration_schema() -> None:
         render_chart({})
 
 
+def test_a_profile_that_requires_api_keys_needs_their_secret() -> None:
+    values = yaml.safe_load(SHIPPED[0].read_text())
+    assert values["profile"]["server"]["api_keys_file"] == "/etc/toolserve/api-keys"
+    rendered = _objects(render_chart(values))
+    [service] = [obj for obj in rendered if obj["kind"] == "RayService"]
+    head = service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
+    assert head["volumes"][0]["secret"]["secretName"] == values["apiKeysSecret"]
+    assert head["containers"][0]["volumeMounts"][0]["mountPath"] == "/etc/toolserve"
+    values["apiKeysSecret"] = ""
+    with pytest.raises(Exception, match="apiKeysSecret"):
+        render_chart(values)
+
+
 def test_overrides_reach_the_serve_config() -> None:
     values = yaml.safe_load(SHIPPED[0].read_text())
     values["profile"]["main"]["num_replicas"] = 3
@@ -164,7 +177,7 @@ def test_render_helm_prints_the_manifests(capsys: pytest.CaptureFixture[str]) ->
 
 @pytest.mark.parametrize("values_file", SHIPPED, ids=lambda path: path.stem)
 def test_the_serve_configs_import_path_builds_the_application_from_its_args(
-    values_file: Path,
+    values_file: Path, tmp_path: Path
 ) -> None:
     from ray.serve import Application
 
@@ -173,4 +186,8 @@ def test_the_serve_configs_import_path_builds_the_application_from_its_args(
     [application] = serve_config(load_config(CONFIGS_DIR / values_file.name))["applications"]
     module, _, builder = application["import_path"].partition(":")
     assert (module, builder) == ("deployments.app", serve_application.__name__)
+    server = application["args"]["config"].setdefault("server", {})
+    if "api_keys_file" in server:  # the chart's Secret, mounted on every pod
+        (tmp_path / "api-keys").write_text("sk-one\n")
+        server["api_keys_file"] = str(tmp_path / "api-keys")
     assert isinstance(serve_application(application["args"]), Application)

@@ -20,6 +20,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "toolserve.serveConfig" -}}
 {{- $_ := required "values: profile is required (-f profiles/<name>.yaml)" .Values.profile.name -}}
 {{- $config := .Values.profile -}}
+{{- if and $config.server.api_keys_file (not .Values.apiKeysSecret) -}}
+{{- fail "values: the profile reads API keys from server.api_keys_file; set apiKeysSecret to the Secret holding them" -}}
+{{- end -}}
 proxy_location: EveryNode
 http_options:
   host: 0.0.0.0
