@@ -367,7 +367,10 @@ def _close_standard_streams() -> None:
 
 def enter(plan: ConfinementPlan) -> None:
     """Confines the calling process's work; returns in a new process that runs it.
-    Raises ConfinementError (before any fork) when the kernel refuses a namespace."""
+    Raises ConfinementError when the kernel refuses a namespace (in the calling
+    process) or the call's root cannot be built (in the process that would have
+    run the call, whose exit the calling process then mirrors): either way the
+    caller reports the refusal as it would the call's result."""
     seccomp_rules = _seccomp_filter(plan.starts_programs)
     as_root = os.geteuid() == 0
     uid, gid = (plan.uid, plan.gid) if as_root else (0, 0)
@@ -391,9 +394,8 @@ def enter(plan: ConfinementPlan) -> None:
     try:
         _build_root(plan, uid, gid)
         _checked(_libc.sethostname(_HOSTNAME, len(_HOSTNAME)), "hostname")
-    except (ConfinementError, OSError) as error:
-        os.write(2, f"tool confinement failed: {error}\n".encode())
-        os._exit(1)
+    except OSError as error:
+        raise ConfinementError(f"building the call's root: {error}") from error
     tool_pid = os.fork()
     if tool_pid:
         _close_standard_streams()

@@ -285,6 +285,7 @@ def main() -> None:
     except ConfinementError as error:
         refusal = _failure("confinement", f"the tool cannot be confined: {error}")
         sys.stdout.write(json.dumps(refusal))
+        sys.stdout.flush()  # the zygote's child ends with os._exit, which flushes nothing
         return
     result_stream = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
