@@ -2,11 +2,12 @@
 resources sampled each minute, to show that nothing grows once it is warm.
 
 The load keeps `programs` agent programs running at a time: many-agent programs
-(tools run by the client) and BFCL programs whose tools the cluster hosts (tool
-state, sandboxed calls), each replaced by a new one as it ends; every other
-program ends its session, the rest are left to expire. Sampled: resident memory
-and descriptors of every process of the cluster's tree, the tool sandboxes'
-zygote children, Redis's keys by kind, the KV blocks pins hold."""
+(tools run by the client), and records tasks and BFCL programs whose tools the
+cluster hosts (sandboxed calls, speculation, tool state), each replaced by a new
+one as it ends; every other program ends its session, the rest are left to
+expire. Sampled: resident memory and descriptors of every process of the
+cluster's tree, the tool sandboxes' zygote children, Redis's keys by kind, the
+KV blocks pins hold."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ class SoakOptions:
     programs: int
     """Programs running at any time."""
     hosted_share: float
-    """Share of the programs whose tools the cluster runs (BFCL)."""
+    """Share of the programs whose tools the cluster runs (records tasks and BFCL)."""
     warm_up_minutes: float
     sample_interval_s: float
     seed: int
