@@ -4,13 +4,14 @@ and records every request and every program."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
-from openai import APIError, AsyncOpenAI
+from openai import APIError, AsyncOpenAI, NotFoundError
 from tqdm import tqdm
 
 from bench.records import (
@@ -284,8 +285,12 @@ class Driver:
         return f"{program.program_id}.r{self._repeat}"
 
     async def end_session(self, program: AgentProgram) -> None:
-        """Ends the program's session as a client that closes its sessions does."""
-        await self._client.delete(f"/sessions/{self._session_id(program)}", cast_to=httpx.Response)
+        """Ends the program's session as a client that closes its sessions does (a
+        session its last turn already ended is gone: 404)."""
+        with contextlib.suppress(NotFoundError):
+            await self._client.delete(
+                f"/sessions/{self._session_id(program)}", cast_to=httpx.Response
+            )
 
     async def _set_tool_state(self, program: AgentProgram, session_id: str) -> None:
         if not self._hosts_tools:

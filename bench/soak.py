@@ -266,6 +266,8 @@ class _Load:
     running: int = 0
     completed: int = 0
     failed: int = 0
+    stopped: int = 0
+    """Programs still running when the load ended, their requests cancelled."""
     programs: list[ProgramRecord] = field(default_factory=list)
     requests: list[RequestRecord] = field(default_factory=list)
 
@@ -278,7 +280,7 @@ async def _keep_programs_running(
     started_programs = itertools.count()
 
     async def slot() -> None:
-        while time.monotonic() < deadline:
+        while True:
             program = next(stream)
             ends_session = next(started_programs) % 2 == 0
             load.running += 1
@@ -296,7 +298,14 @@ async def _keep_programs_running(
 
     try:
         await driver.warm_up()
-        await asyncio.gather(*(slot() for _ in range(options.programs)))
+        slots = [asyncio.create_task(slot()) for _ in range(options.programs)]
+        ended, running = await asyncio.wait(slots, timeout=max(0.0, deadline - time.monotonic()))
+        load.stopped = load.running
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        for task in ended:
+            task.result()  # a slot ends early only on an error of the harness's own
     finally:
         await driver.close()
 
@@ -383,12 +392,11 @@ def run_soak(options: SoakOptions, log: Log = print) -> Path:
         process.stop()
     provenance.finished_utc = utc_now()
     note_code_state(provenance, REPO_ROOT, options.output_dir)
-    return write_soak_run(run_dir, options, provenance, samples, load.programs, load.requests)
+    return write_soak_run(run_dir, options, provenance, samples, load)
 
 
 def watched(samples: Sequence[Sample], warm_up_s: float, load_s: float) -> list[Sample]:
-    """The samples judged: after warm-up, while new programs still started (the
-    programs running at the end are let finish, a draining load)."""
+    """The samples judged: after warm-up, while the load ran."""
     return [sample for sample in samples if warm_up_s <= sample.elapsed_s <= load_s]
 
 
@@ -409,9 +417,9 @@ def write_soak_run(
     options: SoakOptions,
     provenance: Provenance,
     samples: Sequence[Sample],
-    programs: Sequence[ProgramRecord],
-    requests: Sequence[RequestRecord],
+    load: _Load,
 ) -> Path:
+    programs, requests = load.programs, load.requests
     warm_up_s, load_s = options.warm_up_minutes * 60, options.minutes * 60
     found = growths(samples, warm_up_s, load_s)
     records = start_records(run_dir)
@@ -433,6 +441,7 @@ def write_soak_run(
         "programs": {
             "completed": sum(program.error is None for program in programs),
             "failed": sum(program.error is not None for program in programs),
+            "stopped_at_the_end": load.stopped,
             "errors": sorted({program.error for program in programs if program.error}),
             "requests": len(requests),
         },
@@ -504,7 +513,7 @@ def _plot(path: Path, samples: Sequence[Sample], warm_up_s: float, load_s: float
         for label, values in lines.items():
             axis.plot(minutes, values, label=label)
         axis.axvline(warm_up_s / 60, color="grey", linestyle=":", label="end of warm-up")
-        axis.axvline(load_s / 60, color="grey", linestyle="--", label="last program started")
+        axis.axvline(load_s / 60, color="grey", linestyle="--", label="end of the load")
         axis.set_title(title)
         axis.set_xlabel("minutes")
         axis.set_ylim(bottom=0)
@@ -532,11 +541,11 @@ def soak_report(name: str, summary: dict[str, Any], samples: Sequence[Sample]) -
         f"reply expires after {KEPT_STATE_TTL_S} s (sessions, tool state, replies, "
         "response owners, program clocks). Sampled every "
         f"{options['sample_interval_s']:g} s; the series are judged from the end of "
-        f"{options['warm_up_minutes']:g} minutes of warm-up to the last program started "
-        "(the programs then running are let finish).",
+        f"{options['warm_up_minutes']:g} minutes of warm-up to the end of the load.",
         "",
-        f"Programs: {programs['completed']} completed, {programs['failed']} failed; "
-        f"{programs['requests']} requests.",
+        f"Programs: {programs['completed']} completed, {programs['failed']} failed, "
+        f"{programs['stopped_at_the_end']} still running when the load ended (their "
+        f"requests cancelled); {programs['requests']} requests.",
         "",
         "| Series | After warm-up | At the end | Mean | Slope /hour | Growth over the span "
         "| Allowed | Flat |",
