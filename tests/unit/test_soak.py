@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import statistics
 
 import pytest
 
 from bench.soak import Sample, Tolerance, growth_of, growths, soak_programs
 from bench.workloads.bfcl import BfclProgram
 from bench.workloads.speculation import RecordsProgram
+from bench.workloads.trace import TraceProgram
 
 
 def _sample(elapsed_s: float, rss_mb: float, redis_keys: int = 100) -> Sample:
@@ -69,3 +71,10 @@ def test_the_program_stream_mixes_hosted_programs_in_their_share_with_ids_of_the
     assert all(program.arrival_s == 0 for program in programs)
     again = list(itertools.islice(soak_programs(seed=3, programs=8, hosted_share=0.25), 24))
     assert [program.program_id for program in again] == [program.program_id for program in programs]
+
+
+def test_the_many_agent_programs_are_short_enough_to_turn_over() -> None:
+    programs = itertools.islice(soak_programs(seed=5, programs=32, hosted_share=0.25), 480)
+    turns = [program.turns for program in programs if isinstance(program, TraceProgram)]
+    assert len(turns) == 360
+    assert min(turns) >= 2 and 3.5 <= statistics.fmean(turns) <= 4.5
