@@ -39,20 +39,13 @@ from bench.systems import (
     with_overrides,
 )
 from bench.workloads.bfcl import BfclConfig, generate_bfcl
-from bench.workloads.distributions import Distribution
 from bench.workloads.program import AgentProgram
 from bench.workloads.speculation import (
     RecordsTaskConfig,
     generate_speculation,
     hosted_records_tools,
 )
-from bench.workloads.trace import (
-    BFCL_V4_PROFILE,
-    SWE_BENCH_PROFILE,
-    AgentProfile,
-    TraceConfig,
-    generate_trace,
-)
+from bench.workloads.trace import SHORT_PROGRAM_PROFILES, TraceConfig, generate_trace
 from cluster.config import REPO_ROOT, ToolserveConfig
 
 SOAK_SYSTEM = "toolserve"
@@ -61,16 +54,6 @@ KV_CACHE_MIB = 256
 MAX_MODEL_LEN = 4096
 RECORDS_TASKS = RecordsTaskConfig(latencies_s=(0.1, 1.0, 3.0))
 KEPT_STATE_TTL_S = 300
-# The many-agent mix with fewer turns per program (about 4, not 11 and 6): with 32
-# programs on two cores a trace program lasts about the whole run, so its contexts
-# grow throughout and nothing is ever steady. Short programs turn over several
-# times after warm-up, and a new program waits behind older ones' turns for a few
-# of them, not for their whole lives (program FCFS).
-SOAK_TURNS = Distribution(kind="normal", mean=4, sd=1, low=2)
-SOAK_PROFILES: tuple[AgentProfile, ...] = tuple(
-    profile.model_copy(update={"turns": SOAK_TURNS})
-    for profile in (SWE_BENCH_PROFILE, BFCL_V4_PROFILE)
-)
 # Everything toolserve keeps for a program or a reply expires within the run's
 # warm-up (defaults are an hour), so a steady state is reached while it is watched.
 SHORT_LIVED_STATE = {
@@ -251,7 +234,7 @@ class ResourceSampler:
 
 def soak_programs(seed: int, programs: int, hosted_share: float) -> Iterator[AgentProgram]:
     """An endless, seeded stream of programs, interleaved: many-agent programs
-    (tools run by the client; `SOAK_PROFILES`) and, in `hosted_share`, programs whose tools the
+    (tools run by the client) and, in `hosted_share`, programs whose tools the
     cluster runs: records tasks (a call in every task, speculated and cached)
     and BFCL programs (stateful tools, called when the model chooses to). Each
     program has an id of its own."""
@@ -259,9 +242,14 @@ def soak_programs(seed: int, programs: int, hosted_share: float) -> Iterator[Age
     serial = itertools.count()
     for batch in itertools.count():
         kinds: list[Sequence[AgentProgram]] = [
+            # 2-5 turns, not 11 and 6: full-length programs would last about the
+            # whole run, their contexts growing throughout, and a new program would
+            # wait behind older ones' turns (program FCFS) for their whole lives.
             generate_trace(
                 TraceConfig(
-                    programs=programs - hosted, arrival_rate_per_s=0, profiles=SOAK_PROFILES
+                    programs=programs - hosted,
+                    arrival_rate_per_s=0,
+                    profiles=SHORT_PROGRAM_PROFILES,
                 ),
                 seed + batch,
             ),

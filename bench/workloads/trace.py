@@ -254,16 +254,20 @@ def _quick_profile_turns(mean: float) -> Distribution:
     return Distribution(kind="normal", mean=mean, sd=1, low=2, high=5)
 
 
+SHORT_PROGRAM_PROFILES = (
+    SWE_BENCH_PROFILE.model_copy(update={"turns": _quick_profile_turns(4)}),
+    BFCL_V4_PROFILE.model_copy(update={"turns": _quick_profile_turns(3)}),
+)
+"""The mix with 2-5 turns a program (the quick size's, and the soak's)."""
+
+
 def many_agent_plan(size: Size, programs: int | None = None) -> WorkloadPlan:
     """`programs`: that many a round instead of the size's own count (`--programs`)."""
     if size == "quick":
         sized = TraceConfig(
             programs=6,
             arrival_rate_per_s=0.5,
-            profiles=(
-                SWE_BENCH_PROFILE.model_copy(update={"turns": _quick_profile_turns(4)}),
-                BFCL_V4_PROFILE.model_copy(update={"turns": _quick_profile_turns(3)}),
-            ),
+            profiles=SHORT_PROGRAM_PROFILES,
         )
         kv_cache_mib, max_model_len = 128, 2048
     else:

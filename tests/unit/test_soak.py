@@ -77,4 +77,4 @@ def test_the_many_agent_programs_are_short_enough_to_turn_over() -> None:
     programs = itertools.islice(soak_programs(seed=5, programs=32, hosted_share=0.25), 480)
     turns = [program.turns for program in programs if isinstance(program, TraceProgram)]
     assert len(turns) == 360
-    assert min(turns) >= 2 and 3.5 <= statistics.fmean(turns) <= 4.5
+    assert min(turns) >= 2 and max(turns) <= 5 and statistics.fmean(turns) <= 4
