@@ -92,18 +92,6 @@ def plain_outputs(event_loop_runner: asyncio.AbstractEventLoop, cache_dir: Path)
     return outputs
 
 
-def test_gated_drafts_are_verified_and_change_no_greedy_token(
-    event_loop_runner: asyncio.AbstractEventLoop, cache_dir: Path, plain_outputs: list[list[int]]
-) -> None:
-    config = PromptLookupConfig(enabled=True, window=4, prose_floor=4, max_decoders=8)
-    outputs, stats = _run(event_loop_runner, cache_dir, config)
-    assert outputs == plain_outputs
-    assert stats is not None
-    prose = stats["regions"]["prose"]
-    print(f"prompt lookup on the tiny model: {stats}")
-    assert prose["steps"] > 0 and prose["drafted"] > 0, stats
-
-
 def test_past_the_concurrency_cap_nothing_is_drafted(
     event_loop_runner: asyncio.AbstractEventLoop, cache_dir: Path, plain_outputs: list[list[int]]
 ) -> None:
@@ -115,7 +103,7 @@ def test_past_the_concurrency_cap_nothing_is_drafted(
     assert stats["capped_steps"] > 0
 
 
-def test_drafting_leaves_the_models_threads_alone(
+def test_gated_drafts_are_verified_change_no_greedy_token_and_leave_the_threads_alone(
     event_loop_runner: asyncio.AbstractEventLoop,
     cache_dir: Path,
     plain_outputs: list[list[int]],
@@ -130,5 +118,8 @@ def test_drafting_leaves_the_models_threads_alone(
     config = PromptLookupConfig(enabled=True, window=4, prose_floor=4, max_decoders=8)
     outputs, stats = _run(event_loop_runner, cache_dir, config, threads_seen)
     assert outputs == plain_outputs
-    assert stats is not None and stats["regions"]["prose"]["drafted"] > 0, stats
+    assert stats is not None
+    print(f"prompt lookup on the tiny model: {stats}")
+    prose = stats["regions"]["prose"]
+    assert prose["steps"] > 0 and prose["drafted"] > 0, stats
     assert threads_seen == [cores, cores]
