@@ -427,8 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--hosted-share",
         type=float,
         default=0.25,
-        help="share of the programs whose tools the cluster runs (BFCL); the rest are "
-        "many-agent programs whose tools the client runs",
+        help="share of the programs whose tools the cluster runs (records tasks and BFCL); "
+        "the rest are short many-agent programs whose tools the client runs",
     )
     soak.add_argument(
         "--warm-up-minutes",
