@@ -2,8 +2,8 @@
 quick size really starts (stock vLLM and toolserve in two interleaved rounds of
 the many-agent workload, stock Ray Serve LLM beside toolserve on the hot path),
 serves and stops, and the run's files are complete: provenance, intervals,
-paired comparisons and the engines' own work counters. Each system start costs
-a minute or two, so each system starts no more often than that covers."""
+paired comparisons and the engines' own work counters. A system start costs a
+minute or two, so each system starts only as often as these checks need."""
 
 from __future__ import annotations
 
