@@ -2,7 +2,8 @@
 toolserve's scheduler inside the EngineCore process through vLLM's utility calls
 (`engine_core.call_utility_async("toolserve_pinning_control", operation, arguments)`,
 `call_utility_async("toolserve_prompt_lookup_stats")`, `"toolserve_admission_stats"`,
-`"toolserve_add_predicted_calls"`)."""
+`"toolserve_add_predicted_calls"`), and corrects vLLM's CPU sampling kernel for
+drafted tokens (`cpu_kernels`)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,10 @@ def _add_predicted_calls(engine_core: Any, program_id: str, call_texts: list[str
 
 def register() -> None:
     from vllm.v1.engine.core import EngineCore
+
+    from deployments.engine.cpu_kernels import install
+
+    install()
 
     if not hasattr(EngineCore, UTILITY_METHOD):
         setattr(EngineCore, UTILITY_METHOD, _pinning_control)

@@ -1,6 +1,7 @@
 """Prompt-lookup decoding in a real vLLM engine (CPU backend, tiny random model):
 the gated scheduler has n-gram drafts verified, and greedy output is the output
-of the same engine without drafts, token for token."""
+of the same engine without drafts, token for token, also beside a sampled
+request (whose temperature vLLM's CPU kernel once lost: `engine/cpu_kernels.py`)."""
 
 from __future__ import annotations
 
@@ -40,9 +41,11 @@ def _run(
     cache_dir: Path,
     prompt_lookup: PromptLookupConfig | None,
     threads_seen: list[int] | None = None,
+    sampled_beside: bool = False,
 ) -> tuple[list[list[int]], dict[str, Any] | None]:
     """Greedy outputs of the prompts, and the gate's stats when it runs; with
-    `threads_seen`, the worker's torch threads before and after them."""
+    `threads_seen`, the worker's torch threads before and after them; with
+    `sampled_beside`, a request at temperature 1 runs among them."""
     from vllm import SamplingParams
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -60,18 +63,20 @@ def _run(
             if threads_seen is not None:
                 threads_seen.extend(await engine.collective_rpc(_worker_torch_threads))
 
-            async def complete(prompt: list[int]) -> list[int]:
+            async def complete(prompt: list[int], temperature: float = 0.0) -> list[int]:
                 final = None
                 async for output in engine.generate(
                     {"prompt_token_ids": prompt},
-                    SamplingParams(max_tokens=48, ignore_eos=True, temperature=0),
+                    SamplingParams(max_tokens=48, ignore_eos=True, temperature=temperature),
                     request_id=uuid.uuid4().hex,
                 ):
                     final = output
                 assert final is not None
                 return list(final.outputs[0].token_ids)
 
-            outputs = list(await asyncio.gather(*(complete(p) for p in _prompts())))
+            sampled = [complete(tokens(24, 99) * 6, temperature=1.0)] if sampled_beside else []
+            replies = await asyncio.gather(*(complete(p) for p in _prompts()), *sampled)
+            outputs = list(replies[: len(_prompts())])
             if threads_seen is not None:
                 threads_seen.extend(await engine.collective_rpc(_worker_torch_threads))
             stats = (
@@ -103,7 +108,7 @@ def test_past_the_concurrency_cap_nothing_is_drafted(
     assert stats["capped_steps"] > 0
 
 
-def test_gated_drafts_are_verified_change_no_greedy_token_and_leave_the_threads_alone(
+def test_gated_drafts_beside_a_sampled_request_change_no_greedy_token_and_leave_the_threads_alone(
     event_loop_runner: asyncio.AbstractEventLoop,
     cache_dir: Path,
     plain_outputs: list[list[int]],
@@ -116,7 +121,7 @@ def test_gated_drafts_are_verified_change_no_greedy_token_and_leave_the_threads_
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # a function over collective_rpc
     threads_seen: list[int] = []
     config = PromptLookupConfig(enabled=True, window=4, prose_floor=4, max_decoders=8)
-    outputs, stats = _run(event_loop_runner, cache_dir, config, threads_seen)
+    outputs, stats = _run(event_loop_runner, cache_dir, config, threads_seen, sampled_beside=True)
     assert outputs == plain_outputs
     assert stats is not None
     print(f"prompt lookup on the tiny model: {stats}")
