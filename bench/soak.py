@@ -50,8 +50,10 @@ from cluster.config import REPO_ROOT, ToolserveConfig
 
 SOAK_SYSTEM = "toolserve"
 ZYGOTE_MODULE = "toolworkers.sandbox_zygote"
-KV_CACHE_MIB = 256
-MAX_MODEL_LEN = 4096
+# BFCL programs' contexts pass 4,096 tokens (vLLM then refuses the turn with a
+# 400): the soak gives the model the embedded profile's context and room for it.
+KV_CACHE_MIB = 512
+MAX_MODEL_LEN = 8192
 RECORDS_TASKS = RecordsTaskConfig(latencies_s=(0.1, 1.0, 3.0))
 KEPT_STATE_TTL_S = 300
 # Everything toolserve keeps for a program or a reply expires within the run's
