@@ -249,7 +249,8 @@ def engine_settings(
         extra_engine_args={
             name: value for name, value in deployment_args.items() if name not in typed
         },
-        engine_environment=config.main.prompt_lookup.process_environment(),
+        engine_environment=config.main.prompt_lookup.process_environment()
+        | config.main.cpu_process_environment(),
     )
 
 

@@ -469,6 +469,9 @@ class KvOffloadConfig(_Strict):
     )
 
 
+CPU_PRIMITIVE_CACHE_CAPACITY = 128
+
+
 class ModelDeploymentConfig(_Strict):
     """A Ray Serve deployment of model replicas, each running one vLLM engine."""
 
@@ -498,9 +501,23 @@ class ModelDeploymentConfig(_Strict):
         "one-core replicas on a 2-core machine. Empty: every replica binds "
         "`cpu_threads_bind`.",
     )
+    cpu_primitive_cache_capacity: int = Field(
+        default=CPU_PRIMITIVE_CACHE_CAPACITY,
+        ge=0,
+        description="CPU backend only: primitives oneDNN keeps in its process-wide "
+        "cache (ONEDNN_PRIMITIVE_CACHE_CAPACITY; oneDNN's own default is 1024). vLLM's "
+        "CPU linear layers keep their own primitives per batch size; the process-wide "
+        "cache behind them takes one for every batch size the engine ever ran, and "
+        "at oneDNN's default grew the model process by hundreds of MB an hour.",
+    )
     max_ongoing_requests: int = Field(
         default=256, ge=1, description="Requests Ray Serve lets one replica hold at once."
     )
+
+    def cpu_process_environment(self) -> dict[str, str]:
+        """CPU backend only: what the engine's processes start with, beside the
+        cores they bind (a benchmark's stock arms get the same)."""
+        return {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": str(self.cpu_primitive_cache_capacity)}
 
     def cpu_binding(self, local_rank: int) -> str:
         """The cores the engine of the replica with this node-local rank binds."""

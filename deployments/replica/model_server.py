@@ -143,6 +143,7 @@ class ModelServer:
 
         if self._deployment.num_gpus == 0:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self._cpu_binding
+            os.environ.update(self._deployment.cpu_process_environment())
         engine_args, vllm_config = create_engine_config(
             self._deployment.engine.engine_kwargs(self._resolved_model, self._served_model_names),
             self._pinning_settings,
