@@ -58,11 +58,8 @@ def test_every_baseline_starts_with_the_same_process_environment(tmp_path: Path)
     assert environment["VLLM_CPU_OMP_THREADS_BIND"] == settings.cpu_threads_bind
     assert environment["OMP_NUM_THREADS"] == str(bound_core_count(settings.cpu_threads_bind))
     assert environment["NUMBA_THREADING_LAYER"] == "workqueue"
-    toolserve_replica = load_config(DEFAULT_CONFIG_PATH).main.cpu_process_environment()
-    assert (
-        environment["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]
-        == (toolserve_replica["ONEDNN_PRIMITIVE_CACHE_CAPACITY"])
-    )
+    replica_capacity = load_config(DEFAULT_CONFIG_PATH).main.cpu_primitive_cache_capacity
+    assert environment["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(replica_capacity)
 
 
 def _stock_server_arguments(command: list[str]) -> dict[str, Any]:
