@@ -147,6 +147,7 @@ def values_schema() -> dict[str, Any]:
                 },
                 "additionalProperties": False,
             },
+            "securityContext": {"type": "object"},
             "head": {
                 "type": "object",
                 "properties": {"cpu": {"type": ["string", "number"]}, "memory": text},

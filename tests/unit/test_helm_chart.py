@@ -119,6 +119,27 @@ def test_a_profile_renders_lints_and_validates(values_file: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("values_file", SHIPPED, ids=lambda path: path.stem)
+def test_every_ray_pod_is_a_valid_pod_whose_tools_can_confine_themselves(
+    values_file: Path,
+) -> None:
+    """KubeRay's CRD leaves pod templates open, so each is checked as a Pod of
+    its own; tool confinement needs root and CAP_SYS_ADMIN in the container."""
+    values = yaml.safe_load(values_file.read_text())
+    [service] = [obj for obj in _objects(render_chart(values)) if obj["kind"] == "RayService"]
+    cluster = service["spec"]["rayClusterConfig"]
+    templates = [cluster["headGroupSpec"]["template"]] + [
+        group["template"] for group in cluster["workerGroupSpecs"]
+    ]
+    for template in templates:
+        pod = {"apiVersion": "v1", "kind": "Pod", **template}
+        kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
+        [container] = template["spec"]["containers"]
+        assert container["image"] == "ghcr.io/toolserve/toolserve:0.1.0"
+        assert container["securityContext"]["runAsUser"] == 0
+        assert "SYS_ADMIN" in container["securityContext"]["capabilities"]["add"]
+
+
 def test_a_crd_violation_is_caught() -> None:
     """The CRD check can fail: a RayService without its cluster spec is refused."""
     values = yaml.safe_load(SHIPPED[0].read_text())

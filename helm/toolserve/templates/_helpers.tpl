@@ -40,6 +40,10 @@ applications:
 image: "{{ .Values.image.repository }}:{{ .Values.image.tag }}"
 imagePullPolicy: {{ .Values.image.pullPolicy }}
 workingDir: /app
+{{- with .Values.securityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- if .Values.apiKeysSecret }}
 volumeMounts:
 - name: api-keys
