@@ -487,6 +487,18 @@ class ModelDeploymentConfig(_Strict):
         "machine; threads are set by `cpu_threads` regardless.",
     )
     num_gpus: float = Field(default=0, ge=0, description="GPUs Ray reserves per replica.")
+    ray_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Ray custom resources each replica reserves, so replicas go only to "
+        "the nodes that offer them (a node's `ray start --resources`, KubeRay's "
+        "`rayStartParams.resources`), e.g. `{model_node: 1}`.",
+    )
+    max_replicas_per_node: int | None = Field(
+        default=None,
+        ge=1,
+        description="Serve's cap on this deployment's replicas per node (1 spreads "
+        "them over nodes). None: no cap.",
+    )
     cpu_threads_bind: str = Field(
         default="auto",
         description="CPU backend only: cores the engine's OpenMP threads bind to "
@@ -730,6 +742,11 @@ class ServerConfig(_Strict):
     )
     request_timeout_s: float = Field(
         default=600, gt=0, description="Longest a single API request may take."
+    )
+    ingress_ray_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Ray custom resources the ingress replica reserves, so it goes only "
+        "to a node that offers them (on KubeRay, the head), e.g. `{ingress_node: 1}`.",
     )
     access_log: bool = Field(
         default=False,
@@ -1106,6 +1123,11 @@ class ToolsConfig(_Strict):
         default_factory=list, description="Tools the cluster can run itself."
     )
     workers: int = Field(default=1, ge=1, description="Tool-worker actors.")
+    worker_ray_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Ray custom resources each tool worker reserves, so tool workers "
+        "go only to the nodes that offer them, e.g. `{tool_node: 0.01}`.",
+    )
     worker_max_concurrency: int = Field(
         default=8, ge=1, description="Calls one tool worker runs at once."
     )

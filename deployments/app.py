@@ -85,6 +85,25 @@ def _model_server_args(
     )
 
 
+def _with_resources(options: dict[str, Any], resources: dict[str, float]) -> dict[str, Any]:
+    return {**options, "resources": resources} if resources else options
+
+
+def _model_actor_options(
+    deployment: ModelDeploymentConfig, extra_resources: dict[str, float] | None = None
+) -> dict[str, Any]:
+    return _with_resources(
+        {"num_cpus": deployment.num_cpus, "num_gpus": deployment.num_gpus},
+        {**deployment.ray_resources, **(extra_resources or {})},
+    )
+
+
+def _spread(deployment: ModelDeploymentConfig) -> dict[str, Any]:
+    if deployment.max_replicas_per_node is None:
+        return {}
+    return {"max_replicas_per_node": deployment.max_replicas_per_node}
+
+
 def _model_deployment(
     name: str,
     deployment: ModelDeploymentConfig,
@@ -102,10 +121,8 @@ def _model_deployment(
             name=name,
             num_replicas=deployment.num_replicas,
             max_ongoing_requests=deployment.max_ongoing_requests,
-            ray_actor_options={
-                "num_cpus": deployment.num_cpus,
-                "num_gpus": deployment.num_gpus,
-            },
+            ray_actor_options=_model_actor_options(deployment),
+            **_spread(deployment),
             request_router_config=request_router_config(
                 routing, redis_url, deployment.engine.max_num_seqs, deployment_id
             ),
@@ -131,7 +148,7 @@ def _tool_workers(config: ToolserveConfig, redis_url: str | None) -> Application
             max_ongoing_requests=config.tools.worker_max_concurrency,
             # Tools run in subprocesses that mostly wait (I/O, simulated latency);
             # reserving cores for them would starve the engines on small machines.
-            ray_actor_options={"num_cpus": 0},
+            ray_actor_options=_with_resources({"num_cpus": 0}, config.tools.worker_ray_resources),
             health_check_period_s=10,
             # Tools run in subprocesses, so a worker's own loop answers at once
             # unless the worker hangs.
@@ -152,7 +169,10 @@ def build_application(
     deployment_id = uuid.uuid4().hex[:12]
     tool_workers = _tool_workers(config, redis_url)
     main: Application | ModelServerArgs
-    ingress_options: dict[str, Any] = {"ray_actor_options": {"num_cpus": 0}}
+    ingress_resources = config.server.ingress_ray_resources
+    ingress_options: dict[str, Any] = {
+        "ray_actor_options": _with_resources({"num_cpus": 0}, ingress_resources)
+    }
     if config.main_placement == "ingress":
         main = ModelServerArgs(
             _model_server_args(
@@ -166,10 +186,7 @@ def build_application(
             )
         )
         ingress_options = {
-            "ray_actor_options": {
-                "num_cpus": config.main.num_cpus,
-                "num_gpus": config.main.num_gpus,
-            },
+            "ray_actor_options": _model_actor_options(config.main, ingress_resources),
             **_MODEL_HEALTH,
         }
     else:
@@ -236,8 +253,17 @@ def build_application(
             config.main.schedules_by_priority,
             config.server.response_cache,
             config.main.prompt_lookup.enabled and config.main.prompt_lookup.predicted_calls,
+            _wanted_replicas(config),
         )
     )
+
+
+def _wanted_replicas(config: ToolserveConfig) -> dict[str, int]:
+    """Each model role's configured replicas, which `/health` expects to report."""
+    wanted = {"main": config.main.num_replicas if config.main_placement == "own_replicas" else 1}
+    if config.draft_replicas is not None:
+        wanted["draft"] = config.draft_replicas.num_replicas
+    return wanted
 
 
 def serve_application(args: dict[str, Any]) -> Application:

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from cluster.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
+
+if TYPE_CHECKING:
+    from cluster.launch.node_namespaces import NamespaceCluster
 
 
 def _log(message: str) -> None:
@@ -49,6 +55,61 @@ def _up(args: argparse.Namespace) -> int:
         _log(f"error: {error}")
         return 1
     return 0
+
+
+def _nodes(args: argparse.Namespace) -> int:
+    from cluster.launch.node_namespaces import (
+        REDIS_NAMESPACE,
+        NamespaceCluster,
+        NamespaceClusterError,
+    )
+
+    try:
+        cluster = NamespaceCluster(log=_log)
+        if args.action == "up":
+            return _nodes_up(cluster, args)
+        if args.action == "down":
+            cluster.down()
+        elif args.action == "kill":
+            cluster.kill(args.node)
+        elif args.action == "start" and args.node == REDIS_NAMESPACE:
+            cluster.start_redis()
+        elif args.action == "start":
+            cluster.start_node(args.node)
+        elif args.action == "partition":
+            with cluster.partitioned(args.node):
+                time.sleep(args.seconds)
+    except NamespaceClusterError as error:
+        _log(f"error: {error}")
+        return 1
+    return 0
+
+
+def _nodes_up(cluster: NamespaceCluster, args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    cluster.check_profile(config)
+    cluster.up()
+    server = cluster.serve(args.config)
+    try:
+        _log(f"toolserve up on the head node; its log: {cluster.log_path('up')}")
+        cluster.wait_until_serving(config, server, config.main.startup_timeout_s)
+        _log(f"OpenAI API:  {cluster.api_root(config)}/v1")
+        _log(f"Redis:       {cluster.redis_url}")
+        if args.exit:
+            return 0
+        _log("serving; press Ctrl-C to stop every node")
+        while server.poll() is None:
+            time.sleep(1)
+        _log(f"toolserve up exited ({server.returncode})")
+        return 1
+    except KeyboardInterrupt:
+        _log("interrupted")
+        return 0
+    finally:
+        server.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.wait(timeout=60)
+        cluster.down()
 
 
 def _prepare_models(args: argparse.Namespace) -> int:
@@ -343,6 +404,29 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--demo", action="store_true", help="run a 5-turn tool-calling agent")
     up.add_argument("--exit", action="store_true", help="stop once started (and the demo ran)")
     up.set_defaults(run=_up)
+
+    nodes = commands.add_parser(
+        "nodes",
+        help="several Ray nodes on this machine, each a host of its own (network "
+        "namespaces on a private bridge; root only)",
+    )
+    node_actions = nodes.add_subparsers(dest="action", required=True)
+    nodes_up = node_actions.add_parser(
+        "up", help="start Redis and the nodes, run a profile on the head; Ctrl-C stops all"
+    )
+    nodes_up.add_argument("--config", type=Path, default=Path("configs/multinode-cpu.yaml"))
+    nodes_up.add_argument("--exit", action="store_true", help="stop every node once serving")
+    node_actions.add_parser("down", help="stop every node and remove the namespaces")
+    for action, text in (
+        ("kill", "kill every process of a node at once (a lost node)"),
+        ("start", "start a node's Ray again (a node back)"),
+    ):
+        node_action = node_actions.add_parser(action, help=text)
+        node_action.add_argument("node", help="head, model-a, model-b, tools or redis")
+    partition = node_actions.add_parser("partition", help="cut a node off the bridge a while")
+    partition.add_argument("node")
+    partition.add_argument("--seconds", type=float, default=10)
+    nodes.set_defaults(run=_nodes)
 
     models = commands.add_parser("prepare-models", help="convert the embedded models once")
     models.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH)

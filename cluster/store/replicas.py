@@ -25,6 +25,8 @@ class ReplicaStatus:
     model: str
     state: EngineState
     detail: str
+    node: str = ""
+    """The address of the Ray node the replica runs on."""
 
     def as_report(self) -> dict[str, Any]:
         """The replica as `/health` shows it."""
@@ -32,6 +34,7 @@ class ReplicaStatus:
             "role": self.role,
             "model": self.model,
             "replica": self.replica_id,
+            "node": self.node,
             "state": self.state.value,
             "detail": self.detail,
         }
@@ -87,5 +90,5 @@ class ReplicaStatusStore:
 def _status(fields: dict[str, Any]) -> ReplicaStatus:
     return ReplicaStatus(
         fields["replica_id"], fields["role"], fields["model"], EngineState(fields["state"]),
-        fields["detail"],
+        fields["detail"], fields.get("node", ""),
     )  # fmt: skip

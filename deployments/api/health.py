@@ -24,19 +24,30 @@ REDIS_DOWN_DETAIL = (
 )
 
 
+PENDING_DETAIL = "a configured replica that has not reported: not placed yet, or its node is lost"
+
+
 def health_report(
-    roles: list[str], engines: list[dict[str, Any]], redis_reachable: bool
+    wanted: dict[str, int], engines: list[dict[str, Any]], redis_reachable: bool
 ) -> dict[str, Any]:
     """The cluster's health: `unavailable` while a model role has no ready replica
     (turns would fail), `degraded` while every role is served but Redis is
     unreachable or some replica is not ready, else `ok`; with each component's
-    state. A role none of whose replicas reported yet is starting."""
-    reported = {engine["role"] for engine in engines}
-    for role in roles:
-        if role not in reported:
+    state. `wanted` holds each role's configured replica count: a role none of
+    whose replicas reported yet is starting, and each replica fewer than wanted
+    is pending (Serve has not placed it, e.g. its node is lost)."""
+    roles = list(wanted)
+    for role, count in wanted.items():
+        reported = sum(1 for engine in engines if engine["role"] == role)
+        if not reported:
             engines.append(
                 {"role": role, "state": "starting", "detail": "no replica has reported yet"}
             )
+            reported = 1
+        engines.extend(
+            {"role": role, "state": "pending", "detail": PENDING_DETAIL}
+            for _ in range(count - reported)
+        )
     ready = {
         role: sum(1 for e in engines if e["role"] == role and e["state"] == EngineState.READY.value)
         for role in roles
@@ -74,6 +85,7 @@ class HealthRoutes(IngressState):
         reports) and Redis itself: 200 while each model role has a ready replica
         (`ok` or `degraded`), else 503 (`unavailable`)."""
         roles = {"main": self._main} | ({"draft": self._draft} if self._draft else {})
+        wanted = {role: self._wanted_replicas.get(role, 1) for role in roles}
         reports = await self._replica_statuses.statuses(self._deployment_id)
         engines = [
             report.as_report()
@@ -87,7 +99,7 @@ class HealthRoutes(IngressState):
             for role, model in roles.items()
             if role not in reported
         ]
-        report = health_report(list(roles), engines, redis_reachable=reports is not None)
+        report = health_report(wanted, engines, redis_reachable=reports is not None)
         if report["status"] == "unavailable":
             waiting = [e for e in engines if e["state"] != EngineState.READY.value] or engines
             not_ready = "; ".join(f"{e['role']}: {e['detail']}" for e in waiting)

@@ -70,6 +70,7 @@ class IngressState:
         schedules_by_priority: bool = True,
         response_cache: ResponseCacheConfig | None = None,
         drafts_predicted_calls: bool = False,
+        wanted_replicas: dict[str, int] | None = None,
     ):
         # NOTE: request validation uses vLLM's request model; importing vLLM takes
         # seconds, so pay for it at start-up rather than on the first request.
@@ -98,6 +99,7 @@ class IngressState:
         self._schedules_by_priority = schedules_by_priority
         self._drafts_predicted_calls = drafts_predicted_calls
         self._deployment_id = deployment_id
+        self._wanted_replicas = wanted_replicas or {}
         cache_config = response_cache or ResponseCacheConfig()
         self._response_cache = (
             ResponseCache(

@@ -77,6 +77,7 @@ class ModelServer:
         self._resolved_model = resolved_model
         self._role = role
         self._replica_id = _current_replica_id()
+        self._node = _current_node_address()
         self._cpu_binding = deployment.cpu_binding(_current_local_rank())
         self._cache_dir = cache_dir
         self._pinning_settings = (
@@ -215,6 +216,7 @@ class ModelServer:
             model=self._deployment.engine.served_model_name,
             state=state,
             detail=detail,
+            node=self._node,
         )
 
     def record_routing_stats(self) -> dict[str, Any]:
@@ -534,6 +536,12 @@ def _current_local_rank() -> int:
     except RuntimeError:
         return 0
     return int(getattr(rank, "local_rank", 0) or 0)
+
+
+def _current_node_address() -> str:
+    import ray
+
+    return str(ray.util.get_node_ip_address()) if ray.is_initialized() else ""
 
 
 def _current_replica_id() -> str:

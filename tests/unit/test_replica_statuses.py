@@ -11,7 +11,7 @@ from cluster.store.replicas import EngineState, ReplicaStatus, ReplicaStatusStor
 
 def test_a_forgotten_replica_is_no_longer_reported(redis_url: str) -> None:
     deployment = f"test-{uuid.uuid4().hex[:8]}"
-    ready = ReplicaStatus("a", "main", "m", EngineState.READY, "engine is ready")
+    ready = ReplicaStatus("a", "main", "m", EngineState.READY, "engine is ready", "10.0.0.3")
     loading = ReplicaStatus("b", "main", "m", EngineState.STARTING, "engine is loading")
 
     async def scenario() -> tuple[list[ReplicaStatus] | None, list[ReplicaStatus] | None]:

@@ -185,7 +185,7 @@ def test_health_needs_a_ready_replica_of_every_role() -> None:
         {"role": "main", "replica": "a", "state": "ready", "detail": "engine is ready"},
         {"role": "main", "replica": "b", "state": "starting", "detail": "engine is loading"},
     ]
-    report = health_report(["main", "draft"], list(engines), redis_reachable=True)
+    report = health_report({"main": 2, "draft": 1}, list(engines), redis_reachable=True)
     assert report["status"] == "unavailable"
     assert report["ready_replicas"] == {"main": 1, "draft": 0}
     assert report["components"]["draft"]["status"] == "unavailable"
@@ -193,33 +193,42 @@ def test_health_needs_a_ready_replica_of_every_role() -> None:
         report["engines"]
     )
     failed = [engines[0] | {"state": "failed"}]
-    assert health_report(["main"], failed, redis_reachable=True)["ready_replicas"] == {"main": 0}
+    assert health_report({"main": 1}, failed, redis_reachable=True)["ready_replicas"] == {"main": 0}
 
 
 def test_health_is_degraded_while_served_without_redis_or_a_replica() -> None:
     ready = {"role": "main", "replica": "a", "state": "ready", "detail": "engine is ready"}
     loading = {"role": "main", "replica": "b", "state": "starting", "detail": "loading"}
 
-    healthy = health_report(["main"], [ready], redis_reachable=True)
+    healthy = health_report({"main": 1}, [ready], redis_reachable=True)
     assert healthy["status"] == "ok"
     assert healthy["components"] == {
         "main": {"status": "ok", "ready_replicas": 1, "replicas": 1},
         "redis": {"status": "ok"},
     }
 
-    without_redis = health_report(["main"], [ready], redis_reachable=False)
+    without_redis = health_report({"main": 1}, [ready], redis_reachable=False)
     assert without_redis["status"] == "degraded"
     assert without_redis["components"]["redis"]["status"] == "unreachable"
     assert "tool cache" in without_redis["components"]["redis"]["detail"]
 
-    one_of_two = health_report(["main"], [ready, loading], redis_reachable=True)
+    one_of_two = health_report({"main": 2}, [ready, loading], redis_reachable=True)
     assert one_of_two["status"] == "degraded"
     assert one_of_two["components"]["main"] == {
         "status": "degraded",
         "ready_replicas": 1,
         "replicas": 2,
     }
-    assert health_report(["main"], [loading], redis_reachable=False)["status"] == "unavailable"
+    assert health_report({"main": 2}, [loading], redis_reachable=False)["status"] == "unavailable"
+
+    lost_node = health_report({"main": 2}, [ready], redis_reachable=True)
+    assert lost_node["status"] == "degraded"
+    assert lost_node["components"]["main"] == {
+        "status": "degraded",
+        "ready_replicas": 1,
+        "replicas": 2,
+    }
+    assert [engine["state"] for engine in lost_node["engines"]] == ["ready", "pending"]
 
 
 def test_message_parts_pydantic_reads_lazily_are_checked_and_kept() -> None:
