@@ -584,10 +584,19 @@ class ModelDeploymentConfig(_Strict):
                 "admission enabled: false) "
                 "to pass them in extra_engine_args"
             )
-        if self.kv_offload.enabled and self.num_gpus == 0 and self.engine.tensor_parallel_size == 1:
+        shards = self.engine.tensor_parallel_size
+        if shards > 1 and self.num_gpus != shards:
+            # One replica actor holds every shard's GPU, so Ray places them on one
+            # node and hands them to vLLM's workers (CUDA_VISIBLE_DEVICES); a replica
+            # without them would see no GPU at all.
             raise ValueError(
-                "kv_offload needs GPU replicas (num_gpus > 0, or tensor-parallel "
-                "workers that hold GPUs): LMCache does not run on vLLM's CPU backend"
+                f"a replica sharded over {shards} GPUs (engine.tensor_parallel_size) "
+                f"reserves them: set num_gpus: {shards} (it has {self.num_gpus:g})"
+            )
+        if self.kv_offload.enabled and self.num_gpus == 0:
+            raise ValueError(
+                "kv_offload needs GPU replicas (num_gpus > 0): LMCache does not run "
+                "on vLLM's CPU backend"
             )
         if self.kv_offload.enabled and "kv_transfer_config" in self.engine.extra_engine_args:
             raise ValueError("kv_offload sets kv_transfer_config itself; turn it off to pass one")

@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 
 import yaml
 
-from cluster.config import REPO_ROOT, ModelDeploymentConfig, ToolserveConfig
+from cluster.config import REPO_ROOT, ToolserveConfig
 
 CHART_DIR = REPO_ROOT / "helm" / "toolserve"
 CHART_PROFILES_DIR = CHART_DIR / "profiles"
@@ -73,11 +73,6 @@ def serve_config(config: ToolserveConfig) -> dict[str, Any]:
     }
 
 
-def _gpus_per_replica(deployment: ModelDeploymentConfig) -> float:
-    """A replica's GPUs: its own, or the tensor-parallel shards of its engine."""
-    return max(deployment.num_gpus, deployment.engine.tensor_parallel_size)
-
-
 def chart_values(config: ToolserveConfig, redis_service: str = "redis") -> dict[str, Any]:
     """The chart's values for the profile: the profile, and a GPU worker group
     whose pods each hold a main replica, with room for a draft deployment."""
@@ -90,8 +85,8 @@ def chart_values(config: ToolserveConfig, redis_service: str = "redis") -> dict[
             "point redis.url at your own)"
         )
     deployments = [config.main, *([config.draft_replicas] if config.draft_replicas else [])]
-    gpus = sum(d.num_replicas * _gpus_per_replica(d) for d in deployments)
-    gpus_per_pod = max(1, math.ceil(_gpus_per_replica(config.main)))
+    gpus = sum(d.num_replicas * d.num_gpus for d in deployments)
+    gpus_per_pod = max(1, math.ceil(config.main.num_gpus))
     pods = max(1, math.ceil(gpus / gpus_per_pod))
     return {
         "profile": profile,

@@ -188,3 +188,11 @@ def test_serve_replicas_run_on_one_event_loop_unless_told_otherwise() -> None:
         "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
     }
     assert set(serve_event_loop_environment(False).values()) == {"1"}
+
+
+def test_a_tensor_parallel_replica_reserves_its_shards_gpus() -> None:
+    config = load_config("gpu-llama-3.1-70b-tp4.yaml")
+    raw = config.main.model_dump()
+    raw["num_gpus"] = 0
+    with pytest.raises(ValidationError, match="set num_gpus: 4"):
+        ModelDeploymentConfig.model_validate(raw)

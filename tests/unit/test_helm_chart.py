@@ -113,10 +113,16 @@ def test_a_profile_renders_lints_and_validates(values_file: Path) -> None:
     assert yaml.safe_load(service["spec"]["serveConfigV2"]) == serve_config(config)
     workers = service["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
     container = workers["template"]["spec"]["containers"][0]
-    gpus = container["resources"]["limits"]["nvidia.com/gpu"]
-    assert gpus * workers["replicas"] >= config.main.num_replicas * max(
-        config.main.num_gpus, config.main.engine.tensor_parallel_size
-    )
+    gpus_per_pod = container["resources"]["limits"]["nvidia.com/gpu"]
+    assert config.main.num_gpus >= config.main.engine.tensor_parallel_size
+    # Every replica fits on one pod: first fit, largest first, as Ray would pack them.
+    free = [float(gpus_per_pod)] * workers["replicas"]
+    deployments = [config.main, *([config.draft_replicas] if config.draft_replicas else [])]
+    wanted = sorted((d.num_gpus for d in deployments for _ in range(d.num_replicas)), reverse=True)
+    for gpus in wanted:
+        pod = next((i for i, left in enumerate(free) if left >= gpus), None)
+        assert pod is not None, (wanted, gpus_per_pod, workers["replicas"])
+        free[pod] -= gpus
 
 
 @pytest.mark.parametrize("values_file", SHIPPED, ids=lambda path: path.stem)
