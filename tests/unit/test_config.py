@@ -196,3 +196,9 @@ def test_a_tensor_parallel_replica_reserves_its_shards_gpus() -> None:
     raw["num_gpus"] = 0
     with pytest.raises(ValidationError, match="set num_gpus: 4"):
         ModelDeploymentConfig.model_validate(raw)
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda path: path.stem)
+def test_every_profile_runs_hosted_tools(profile: Path) -> None:
+    """Speculation, partial execution and continuation need tools the cluster runs."""
+    assert load_config(profile).tools.hosted, profile.name
