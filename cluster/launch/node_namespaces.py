@@ -37,6 +37,10 @@ SUBNET = "10.77.0"
 BRIDGE_ADDRESS = f"{SUBNET}.1"
 RAY_PORT = 6379
 DASHBOARD_PORT = 8265
+METRICS_PORT = 8080
+"""Each node's metrics agent: what a PodMonitor scrapes on KubeRay."""
+RAY_TEMP_ROOT = Path("/tmp/tsn-ray")
+"""Short: Ray's Unix sockets live under it, and their paths may not pass 107 bytes."""
 REDIS_PORT = 6379
 REDIS_NAMESPACE = "redis"
 
@@ -125,6 +129,10 @@ class NamespaceCluster:
     def redis_url(self) -> str:
         return f"redis://{SUBNET}.{REDIS_HOST}:{REDIS_PORT}/0"
 
+    def metrics_targets(self) -> list[str]:
+        """Every node's metrics agent, as Prometheus targets."""
+        return [f"{node.address}:{METRICS_PORT}" for node in self.nodes.values()]
+
     @property
     def dashboard_url(self) -> str:
         return f"http://{self.head.address}:{DASHBOARD_PORT}"
@@ -175,11 +183,15 @@ class NamespaceCluster:
         self._add_namespace(REDIS_NAMESPACE, f"{SUBNET}.{REDIS_HOST}")
         for node in self.nodes.values():
             self._add_namespace(node.name, node.address)
-        self.start_redis()
-        self.start_node(self.head.name)
-        for node in self.nodes.values():
-            if not node.head:
-                self.start_node(node.name)
+        try:
+            self.start_redis()
+            self.start_node(self.head.name)
+            for node in self.nodes.values():
+                if not node.head:
+                    self.start_node(node.name)
+        except BaseException:
+            self.down()
+            raise
 
     def down(self) -> None:
         for name in [*self.nodes, REDIS_NAMESPACE]:
@@ -220,8 +232,9 @@ class NamespaceCluster:
         ray = str(Path(sys.executable).parent / "ray")
         argv = [ray, "start", f"--node-ip-address={node.address}"]
         argv += [f"--num-cpus={node.num_cpus}", "--num-gpus=0"]
+        argv += [f"--metrics-export-port={METRICS_PORT}"]
         argv += [f"--resources={json.dumps(node.resources)}"]
-        argv += [f"--temp-dir={self.work_dir / 'ray' / name}", "--disable-usage-stats"]
+        argv += [f"--temp-dir={RAY_TEMP_ROOT / name}", "--disable-usage-stats"]
         if node.head:
             # The dashboard answers Ray's state API (where each actor runs), as on
             # a KubeRay head.
