@@ -1,6 +1,6 @@
 """The dashboards as code: built with grafana-foundation-sdk, exported as JSON
 Grafana loads (uid, datasource variable, panels with Prometheus targets). Their
-queries are evaluated on a real Prometheus in tests/e2e/test_two_main_replicas.py."""
+queries are evaluated on a real Prometheus in tests/e2e/test_across_nodes.py."""
 
 from __future__ import annotations
 
