@@ -214,6 +214,41 @@ def _soak(args: argparse.Namespace) -> int:
     return 0
 
 
+def _node_loss(args: argparse.Namespace) -> int:
+    from bench.node_loss import NodeLossOptions, run_node_loss
+    from bench.provenance import DirtyTreeError
+    from cluster.launch.node_namespaces import NamespaceClusterError
+    from cluster.signals import stop_on_signals
+
+    options = NodeLossOptions(
+        programs=args.programs,
+        load_minutes=args.minutes,
+        lost_node=args.lost_node,
+        kill_at_s=args.kill_at_s,
+        down_s=args.down_s,
+        partition_at_s=args.partition_at_s,
+        partition_s=args.partition_s,
+        drain_timeout_s=args.drain_timeout_s,
+        seed=args.seed,
+        config_path=args.config.resolve(),
+        output_dir=args.output,
+        run_name=args.name or time.strftime("node-loss-%Y%m%d-%H%M%S"),
+        argv=args.argv,
+        allow_dirty=args.allow_dirty,
+    )
+    stop_on_signals()
+    try:
+        run_dir = run_node_loss(options, _log)
+    except KeyboardInterrupt:
+        _log("interrupted; the nodes have been stopped")
+        return 130
+    except (ValueError, DirtyTreeError, NamespaceClusterError) as error:
+        _log(f"error: {error}")
+        return 2
+    _log(f"node-loss: report at {run_dir / 'report.md'}")
+    return 0
+
+
 def _bench_table(args: argparse.Namespace) -> int:
     from bench.tables import bench_table, by_kind_table, pooled_table, updated_blocks
 
@@ -527,6 +562,30 @@ def build_parser() -> argparse.ArgumentParser:
     soak.add_argument("--name", help="run name (default: soak and the time)")
     soak.add_argument("--allow-dirty", action="store_true", help="record from a dirty tree")
     soak.set_defaults(run=_soak)
+
+    node_loss = commands.add_parser(
+        "node-loss",
+        help="agents on `toolserve nodes`: a model node lost mid-run and started again, "
+        "Redis cut off a while; count what was started, completed, sent again and failed",
+    )
+    node_loss.add_argument("--programs", type=int, default=8, help="programs running at a time")
+    node_loss.add_argument("--minutes", type=float, default=8, help="how long programs start")
+    node_loss.add_argument("--lost-node", default="model-b", help="the worker node to kill")
+    node_loss.add_argument("--kill-at-s", type=float, default=90)
+    node_loss.add_argument("--down-s", type=float, default=60, help="how long the node stays down")
+    node_loss.add_argument("--partition-at-s", type=float, default=360)
+    node_loss.add_argument("--partition-s", type=float, default=10)
+    node_loss.add_argument(
+        "--drain-timeout-s", type=float, default=600, help="how long running programs may finish"
+    )
+    node_loss.add_argument("--seed", type=int, default=0)
+    node_loss.add_argument(
+        "--config", type=Path, default=Path("configs/multinode-cpu.yaml"), help="profile"
+    )
+    node_loss.add_argument("--output", type=Path, default=Path("bench/results"))
+    node_loss.add_argument("--name", help="run name (default: node-loss and the time)")
+    node_loss.add_argument("--allow-dirty", action="store_true", help="record from a dirty tree")
+    node_loss.set_defaults(run=_node_loss)
 
     table = commands.add_parser(
         "bench-table", help="print the documentation's benchmark tables from recorded runs"

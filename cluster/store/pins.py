@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -148,6 +149,16 @@ class TtlLedger:
             None,
             f"ttl ledger: cannot look up {program_id}",
         )
+
+    def pins_by_replica(self) -> dict[str, int] | None:
+        """How many live pins each replica holds; None when Redis cannot answer."""
+
+        def count() -> dict[str, int]:
+            keys = list(self._client.scan_iter(f"{_PROGRAM_KEY_PREFIX}*", count=1000))
+            entries = [_entry(raw) for raw in self._client.mget(keys)] if keys else []
+            return dict(Counter(entry.replica_id for entry in entries if entry is not None))
+
+        return sync_or_fallback(count, None, "ttl ledger: cannot count pins")
 
     def clear_replica(self, replica_id: str) -> int:
         """Drop every entry a replica owns (on its start and shutdown)."""

@@ -339,6 +339,7 @@ class ChatRoutes(IngressState):
                 if retries_left == 0:
                     raise
                 retries_left -= 1
+                self._metrics.turn_resends.inc()
             except BaseException:
                 stream.cancel()
                 raise

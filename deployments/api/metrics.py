@@ -33,6 +33,11 @@ class ApiMetrics:
             "(requests_per_s, programs).",
             tag_keys=("quota",),
         )
+        self.turn_resends = Counter(
+            "toolserve_turn_resends",
+            description="Turns sent again because the replica they went to was lost "
+            "before it answered; a live replica takes them and computes their prefix.",
+        )
         self.response_cache_lookups = Counter(
             "toolserve_response_cache_lookups",
             description="Chat requests the response cache could answer, by result "

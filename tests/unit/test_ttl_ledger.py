@@ -70,12 +70,34 @@ def test_clearing_a_restarted_replica_drops_its_stale_entries(redis_url: str) ->
     ledger.close()
 
 
+def test_pins_are_counted_by_the_replica_that_holds_them_while_they_live(
+    redis_url: str,
+) -> None:
+    ledger = TtlLedger(redis_url)
+    first, second = (f"replica-{uuid.uuid4().hex}" for _ in range(2))
+    for _ in range(3):
+        ledger.put(entry(f"program-{uuid.uuid4().hex}", first))
+    moved = f"program-{uuid.uuid4().hex}"
+    ledger.put(entry(moved, first))
+    ledger.put(entry(moved, second))
+    ledger.put(entry(f"program-{uuid.uuid4().hex}", second, ttl_s=0.2))
+    counted = ledger.pins_by_replica()
+    assert counted is not None
+    assert (counted.get(first), counted.get(second)) == (3, 2)
+    time.sleep(0.4)
+    counted = ledger.pins_by_replica()
+    assert counted is not None
+    assert (counted.get(first), counted.get(second)) == (3, 1)
+    ledger.close()
+
+
 def test_an_unreachable_redis_gives_no_answer_instead_of_an_error() -> None:
     ledger = TtlLedger("redis://127.0.0.1:1/0")
     assert not ledger.put(entry("p", "r"))
     assert ledger.lookup("p") is None
     assert not ledger.remove("p", "r")
     assert ledger.clear_replica("r") == 0
+    assert ledger.pins_by_replica() is None
     ledger.close()
 
 
