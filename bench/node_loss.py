@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from bench.driver import Driver
-from bench.metrics import counter_totals
+from bench.metrics import counter_totals, gauge_totals
 from bench.provenance import Provenance, note_code_state, start_provenance, utc_now
 from bench.records import ProgramRecord, RequestRecord, append_records, start_records
 from bench.runner import Log
@@ -40,6 +40,9 @@ SYSTEM = "toolserve"
 HEALTH_INTERVAL_S = 2.0
 RESENDS_METRIC = "toolserve_turn_resends_total"
 SERVING_TIMEOUT_S = 900.0
+BUSY_WAIT_S = 60.0
+RUNNING_EVENT = "turns running on the node"
+RUNNING_GAUGES = ("vllm:num_requests_running", "vllm_num_requests_running")
 
 
 @dataclass(frozen=True)
@@ -186,8 +189,26 @@ async def _run_load(
         await driver.close()
 
 
+def _running_turns(metrics_url: str) -> float:
+    gauges = gauge_totals(scrape_metrics(metrics_url))
+    return sum(gauges.get(name, 0.0) for name in RUNNING_GAUGES)
+
+
+def _until_turns_run_on(metrics_url: str, done: threading.Event) -> float:
+    """Waits (up to `BUSY_WAIT_S`) until the node's engine is running turns, so the
+    kill finds turns in flight; how many it runs."""
+    deadline = time.monotonic() + BUSY_WAIT_S
+    while not done.is_set():
+        running = _running_turns(metrics_url)
+        if running > 0 or time.monotonic() > deadline:
+            return running
+        time.sleep(0.2)
+    return 0.0
+
+
 def _faults(
     options: NodeLossOptions,
+    lost_metrics_url: str,
     started: float,
     events: list[Event],
     done: threading.Event,
@@ -206,6 +227,8 @@ def _faults(
         log(f"node-loss: {what} (exit {result.returncode})")
 
     if at(options.kill_at_s):
+        running = _until_turns_run_on(lost_metrics_url, done)
+        events.append(Event(round(time.monotonic() - started, 1), RUNNING_EVENT, str(running)))
         run("kill", "kill", options.lost_node)
     if at(options.kill_at_s + options.down_s):
         run("start", "start", options.lost_node)
@@ -226,6 +249,8 @@ def run_node_loss(options: NodeLossOptions, log: Log = print) -> Path:
     if options.lost_node not in nodes.nodes or nodes.nodes[options.lost_node].head:
         raise ValueError(f"--lost-node must be a worker node of {sorted(nodes.nodes)}")
     api_root = nodes.api_root(config)
+    lost_address = nodes.nodes[options.lost_node].address
+    lost_metrics_url = f"http://{lost_address}:{METRICS_PORT}/metrics"
     log(f"node-loss: starting the nodes and toolserve at {provenance.commit}")
     with (run_dir / "logs" / "nodes.log").open("ab") as nodes_log:
         cluster = subprocess.Popen(
@@ -243,7 +268,9 @@ def run_node_loss(options: NodeLossOptions, log: Log = print) -> Path:
         watcher.start()
         done = threading.Event()
         faults = threading.Thread(
-            target=_faults, args=(options, started, events, done, log), name="node-loss-faults"
+            target=_faults,
+            args=(options, lost_metrics_url, started, events, done, log),
+            name="node-loss-faults",
         )
         faults.start()
         try:
@@ -269,8 +296,8 @@ def run_node_loss(options: NodeLossOptions, log: Log = print) -> Path:
             nodes.down()
     provenance.finished_utc = utc_now()
     note_code_state(provenance, REPO_ROOT, options.output_dir)
-    resends = counter_totals(ingress_metrics).get(RESENDS_METRIC, 0.0)
-    lost_address = nodes.nodes[options.lost_node].address
+    counters = counter_totals(ingress_metrics)
+    resends = counters.get(RESENDS_METRIC, 0.0) + counters.get(f"ray_{RESENDS_METRIC}", 0.0)
     return write_node_loss_run(
         run_dir,
         options,
@@ -434,6 +461,9 @@ def node_loss_summary(
             "replicas": sorted(lost_replicas),
             "killed_at_s": killed_at,
             "started_at_s": started_at,
+            "turns_running_at_kill": next(
+                (float(event.detail) for event in events if event.what == RUNNING_EVENT), None
+            ),
             "pins_at_kill": pins_at_kill,
             "pins_gone_after_s": None
             if pins_gone is None or killed_at is None
@@ -576,6 +606,7 @@ def node_loss_report(name: str, summary: dict[str, Any]) -> str:
         f"{requests['completed_during_partition']} / {requests['failed_during_partition']} |",
         "",
         f"The lost node ({node['address']}, replica {', '.join(node['replicas']) or 'unknown'}) "
+        f"ran {node['turns_running_at_kill'] or 0:g} turns and "
         f"held {node['pins_at_kill']} pins when killed; they left the ledger "
         f"{seconds(node['pins_gone_after_s'])} after the kill (pins live at most "
         f"{options['max_pin_ttl_s']:g} s). `/health` said degraded "

@@ -105,6 +105,7 @@ def _seen(
 
 
 EVENTS = [
+    Event(58.0, "turns running on the node", "2.0"),
     Event(59.0, "kill begins"),
     Event(60.0, "kill ends"),
     Event(90.0, "start begins"),
@@ -155,6 +156,7 @@ def test_the_lost_nodes_replica_pins_and_health_are_read_from_what_was_seen() ->
     )
     node = summary["node"]
     assert node["replicas"] == ["replica-b"]
+    assert node["turns_running_at_kill"] == 2.0
     assert node["pins_at_kill"] == 4
     assert node["pins_gone_after_s"] == 14.0
     assert node["health_degraded_after_s"] == 6.0
