@@ -43,7 +43,6 @@ RAY_TEMP_ROOT = Path("/tmp/tsn-ray")
 """Short: Ray's Unix sockets live under it, and their paths may not pass 107 bytes."""
 REDIS_PORT = 6379
 REDIS_NAMESPACE = "redis"
-REDIS_NICENESS = -10
 
 
 class NamespaceClusterError(RuntimeError):
@@ -217,11 +216,7 @@ class NamespaceCluster:
     def start_redis(self) -> None:
         binary = binary_or_install("redis-server", "redis-server", self._log)
         address = f"{SUBNET}.{REDIS_HOST}"
-        # Redis's host of its own would not share its CPU with four Ray nodes and
-        # their engines; here it does, and at the same priority its replies took
-        # over a second under load (past the stores' 0.5 s socket timeout).
-        argv = ["nice", "-n", str(REDIS_NICENESS), binary]
-        argv += ["--bind", address, "--port", str(REDIS_PORT), "--save", ""]
+        argv = [binary, "--bind", address, "--port", str(REDIS_PORT), "--save", ""]
         argv += ["--appendonly", "no", "--protected-mode", "no"]
         with self._log_file("redis") as log_file:
             self._redis = subprocess.Popen(

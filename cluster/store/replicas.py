@@ -9,6 +9,12 @@ from typing import Any
 
 from cluster.store._redis import async_client, or_fallback
 
+# Reports and `/health`'s reading of them are off every turn's path: they may
+# wait longer for a slow Redis than a turn's lookups do. On the multi-node
+# fixture under load, Redis's replies passed 0.5 s often enough that reports
+# expired while their replicas served, and `/health` flapped.
+STATUS_SOCKET_TIMEOUT_S = 2.0
+
 
 class EngineState(enum.Enum):
     STARTING = "starting"
@@ -48,11 +54,12 @@ class ReplicaStatusStore:
     unless refreshed. A store belongs to the event loop that first uses it."""
 
     def __init__(self, url: str):
-        self._client = async_client(url)
+        self._client = async_client(url, socket_timeout_s=STATUS_SOCKET_TIMEOUT_S)
 
-    async def announce(self, deployment_id: str, status: ReplicaStatus, ttl_s: float) -> None:
+    async def announce(self, deployment_id: str, status: ReplicaStatus, ttl_s: float) -> bool:
+        """Whether the report was written."""
         record = asdict(status) | {"state": status.state.value}
-        await or_fallback(
+        written = await or_fallback(
             self._client.set(
                 f"{_PREFIX}{deployment_id}:{status.replica_id}",
                 json.dumps(record),
@@ -61,6 +68,7 @@ class ReplicaStatusStore:
             None,
             f"cannot announce replica {status.replica_id}",
         )
+        return bool(written)
 
     async def forget(self, deployment_id: str, replica_id: str) -> None:
         """Drops a replica's report (the replica is gone)."""

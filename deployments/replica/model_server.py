@@ -52,6 +52,7 @@ logger = logging.getLogger("toolserve.model_server")
 # Each replica reports its engine's state to Redis (read by `/health`); a report
 # outlives a few missed refreshes, then a dead replica's report vanishes.
 _STATUS_PERIOD_S = 5.0
+_STATUS_RETRY_S = 1.0
 ENGINE_DIED_DETAIL = "the engine core process died; Ray Serve replaces this replica (retry shortly)"
 _STATUS_TTL_S = 15.0
 
@@ -129,9 +130,12 @@ class ModelServer:
     async def _report_status(self, store: ReplicaStatusStore, deployment_id: str) -> None:
         while True:
             self._state_changed.clear()
-            await store.announce(deployment_id, self.status(), _STATUS_TTL_S)
+            written = await store.announce(deployment_id, self.status(), _STATUS_TTL_S)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._state_changed.wait(), _STATUS_PERIOD_S)
+                await asyncio.wait_for(
+                    self._state_changed.wait(),
+                    _STATUS_PERIOD_S if written else _STATUS_RETRY_S,
+                )
 
     async def _load(self) -> None:
         from starlette.datastructures import State
