@@ -92,6 +92,11 @@ def _namespace_pids(name: str) -> list[int]:
     return [int(pid) for pid in result.stdout.split()] if result.returncode == 0 else []
 
 
+def _host_side(name: str) -> str:
+    """The host's end of a node's link to the bridge."""
+    return f"tsv-{name}"[:15]  # the kernel's limit on interface names
+
+
 def _reachable(address: str, port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection((address, port), timeout=1):
         return True
@@ -197,12 +202,15 @@ class NamespaceCluster:
         for name in [*self.nodes, REDIS_NAMESPACE]:
             self.kill(name)
             _run(["ip", "netns", "del", namespace(name)], check=False)
+            # A namespace outlives `ip netns del` while a process still holds it,
+            # and its link's host side with it: the next `up` would find it there.
+            _run(["ip", "link", "del", _host_side(name)], check=False)
         _run(["ip", "link", "del", BRIDGE], check=False)
         self._redis = None
 
     def _add_namespace(self, name: str, address: str) -> None:
         ns = namespace(name)
-        host_side = f"tsv-{name}"[:15]  # the kernel's limit on interface names
+        host_side = _host_side(name)
         _run(["ip", "netns", "add", ns])
         _run(["ip", "link", "add", host_side, "type", "veth", "peer", "name", "eth0", "netns", ns])
         _run(["ip", "link", "set", host_side, "master", BRIDGE, "up"])
