@@ -27,8 +27,14 @@ import httpx
 
 from bench.driver import Driver
 from bench.metrics import counter_totals, gauge_totals
-from bench.provenance import Provenance, note_code_state, start_provenance, utc_now
-from bench.records import ProgramRecord, RequestRecord, append_records, start_records
+from bench.provenance import (
+    Provenance,
+    note_code_state,
+    provenance_line,
+    start_provenance,
+    utc_now,
+)
+from bench.records import ProgramLoad, RequestRecord, append_records, start_records
 from bench.runner import Log
 from bench.soak import soak_programs
 from bench.systems import scrape_metrics
@@ -104,12 +110,18 @@ class Observation:
 
 
 @dataclass
-class ProgramLoad:
-    started: int = 0
-    completed: int = 0
-    failed: int = 0
-    programs: list[ProgramRecord] = field(default_factory=list)
-    requests: list[RequestRecord] = field(default_factory=list)
+class NodeLossRun:
+    """What a node-loss run did and saw."""
+
+    options: NodeLossOptions
+    lost_address: str
+    config: ToolserveConfig
+    provenance: Provenance
+    load: ProgramLoad = field(default_factory=ProgramLoad)
+    events: list[Event] = field(default_factory=list)
+    observations: list[Observation] = field(default_factory=list)
+    resends: float = 0.0
+    """Turns the ingress sent again after losing their replica."""
 
 
 def _toolserve(*arguments: str) -> list[str]:
@@ -170,12 +182,7 @@ async def _run_load(
         while time.monotonic() < load_ends:
             program = next(stream)
             load.started += 1
-            record = await driver.run_program(program, started, load.requests)
-            load.programs.append(record)
-            if record.error is None:
-                load.completed += 1
-            else:
-                load.failed += 1
+            load.finished(await driver.run_program(program, started, load.requests))
 
     try:
         await driver.warm_up()
@@ -259,8 +266,8 @@ def run_node_loss(options: NodeLossOptions, log: Log = print) -> Path:
             stderr=subprocess.STDOUT,
             cwd=REPO_ROOT,
         )
-    load = ProgramLoad()
-    events: list[Event] = []
+    run = NodeLossRun(options, lost_address, config, provenance)
+    load, events = run.load, run.events
     try:
         _wait_until_serving(f"{api_root}/health", cluster, config)
         started = time.monotonic()
@@ -297,18 +304,9 @@ def run_node_loss(options: NodeLossOptions, log: Log = print) -> Path:
     provenance.finished_utc = utc_now()
     note_code_state(provenance, REPO_ROOT, options.output_dir)
     counters = counter_totals(ingress_metrics)
-    resends = counters.get(RESENDS_METRIC, 0.0) + counters.get(f"ray_{RESENDS_METRIC}", 0.0)
-    return write_node_loss_run(
-        run_dir,
-        options,
-        lost_address,
-        config,
-        provenance,
-        load,
-        events,
-        watcher.observations,
-        resends,
-    )
+    run.resends = counters.get(RESENDS_METRIC, 0.0) + counters.get(f"ray_{RESENDS_METRIC}", 0.0)
+    run.observations = watcher.observations
+    return write_node_loss_run(run_dir, run)
 
 
 def _wait_until_serving(
@@ -359,16 +357,9 @@ def _error_kind(error: str) -> str:
     return kind
 
 
-def node_loss_summary(
-    options: NodeLossOptions,
-    lost_address: str,
-    config: ToolserveConfig,
-    provenance: Provenance,
-    load: ProgramLoad,
-    events: Sequence[Event],
-    observations: Sequence[Observation],
-    resends: float,
-) -> dict[str, Any]:
+def node_loss_summary(run: NodeLossRun) -> dict[str, Any]:
+    options, config, load, lost_address = run.options, run.config, run.load, run.lost_address
+    events, observations = run.events, run.observations
     killed_at = _event_at(events, "kill ends")
     started_at = _event_at(events, "start ends")
     partition = (_event_at(events, "partition begins"), _event_at(events, "partition ends"))
@@ -427,7 +418,7 @@ def node_loss_summary(
     ]
     return {
         "kind": "node_loss",
-        "provenance": provenance.as_json(),
+        "provenance": run.provenance.as_json(),
         "options": {
             "programs": options.programs,
             "load_minutes": options.load_minutes,
@@ -452,7 +443,7 @@ def node_loss_summary(
             "sent": len(requests),
             "failed": sum(request.error is not None for request in requests),
             "errors": dict(errors),
-            "sent_again_after_replica_loss": resends,
+            "sent_again_after_replica_loss": run.resends,
             "completed_during_partition": sum(request.error is None for request in in_partition),
             "failed_during_partition": sum(request.error is not None for request in in_partition),
         },
@@ -479,24 +470,14 @@ def node_loss_summary(
     }
 
 
-def write_node_loss_run(
-    run_dir: Path,
-    options: NodeLossOptions,
-    lost_address: str,
-    config: ToolserveConfig,
-    provenance: Provenance,
-    load: ProgramLoad,
-    events: Sequence[Event],
-    observations: Sequence[Observation],
-    resends: float,
-) -> Path:
-    summary = node_loss_summary(
-        options, lost_address, config, provenance, load, events, observations, resends
-    )
+def write_node_loss_run(run_dir: Path, run: NodeLossRun) -> Path:
+    summary = node_loss_summary(run)
     records = start_records(run_dir)
-    append_records(records, [*events, *observations, *load.programs, *load.requests])
+    append_records(
+        records, [*run.events, *run.observations, *run.load.programs, *run.load.requests]
+    )
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    _plot(run_dir / "node-loss.png", summary, observations, load.requests)
+    _plot(run_dir / "node-loss.png", summary, run.observations, run.load.requests)
     (run_dir / "report.md").write_text(node_loss_report(run_dir.name, summary))
     return run_dir
 
@@ -576,10 +557,7 @@ def node_loss_report(name: str, summary: dict[str, Any]) -> str:
     lines = [
         f"# {name}",
         "",
-        f"`{provenance['command']}` at `{provenance['commit']}`"
-        + (" (dirty tree)" if provenance["dirty"] else " (clean tree)")
-        + f", {provenance['machine'].get('cpu_model', 'unknown CPU')}, "
-        f"{provenance['started_utc']} to {provenance['finished_utc']}.",
+        provenance_line(provenance),
         "",
         f"Profile `{options['profile']}` on `toolserve nodes up` (a head, two model nodes "
         f"with a main replica each, a tool node, Redis; each its own network namespace). "

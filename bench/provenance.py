@@ -156,3 +156,13 @@ def note_code_state(provenance: Provenance, repo: Path, results_dir: Path) -> bo
     if not unchanged:
         provenance.code_changed_during_run = True
     return unchanged
+
+
+def provenance_line(provenance: dict[str, Any]) -> str:
+    """A recorded run's command, commit, tree, machine and times, for its report."""
+    return (
+        f"`{provenance['command']}` at `{provenance['commit']}`"
+        + (" (dirty tree)" if provenance["dirty"] else " (clean tree)")
+        + f", {provenance['machine'].get('cpu_model', 'unknown CPU')}, "
+        f"{provenance['started_utc']} to {provenance['finished_utc']}."
+    )

@@ -86,6 +86,28 @@ class ClientStall:
         return {"kind": "client_stall", **asdict(self)}
 
 
+@dataclass
+class ProgramLoad:
+    """Programs kept running for a stretch of time (a soak, a node-loss run):
+    how many started, run, finished, and their records."""
+
+    started: int = 0
+    running: int = 0
+    completed: int = 0
+    failed: int = 0
+    stopped: int = 0
+    """Programs still running when the load ended, their requests cancelled."""
+    programs: list[ProgramRecord] = field(default_factory=list)
+    requests: list[RequestRecord] = field(default_factory=list)
+
+    def finished(self, record: ProgramRecord) -> None:
+        self.programs.append(record)
+        if record.error is None:
+            self.completed += 1
+        else:
+            self.failed += 1
+
+
 @dataclass(frozen=True)
 class RunResult:
     requests: list[RequestRecord]

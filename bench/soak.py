@@ -19,7 +19,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,14 @@ import psutil
 from bench.cpu import identify_process
 from bench.driver import Driver
 from bench.metrics import gauge_totals
-from bench.provenance import Provenance, note_code_state, start_provenance, utc_now
-from bench.records import ProgramRecord, RequestRecord, append_records, start_records
+from bench.provenance import (
+    Provenance,
+    note_code_state,
+    provenance_line,
+    start_provenance,
+    utc_now,
+)
+from bench.records import ProgramLoad, append_records, start_records
 from bench.runner import READY_TIMEOUT_S, Log, raw_profile_config
 from bench.systems import (
     cleared_toolserve_state,
@@ -271,19 +277,8 @@ def soak_programs(seed: int, programs: int, hosted_share: float) -> Iterator[Age
             yield program
 
 
-@dataclass
-class _Load:
-    running: int = 0
-    completed: int = 0
-    failed: int = 0
-    stopped: int = 0
-    """Programs still running when the load ended, their requests cancelled."""
-    programs: list[ProgramRecord] = field(default_factory=list)
-    requests: list[RequestRecord] = field(default_factory=list)
-
-
 async def _keep_programs_running(
-    base_url: str, model: str, options: SoakOptions, load: _Load, deadline: float
+    base_url: str, model: str, options: SoakOptions, load: ProgramLoad, deadline: float
 ) -> None:
     driver = Driver(base_url, model, SOAK_SYSTEM, 0, hosts_tools=True)
     stream = soak_programs(options.seed, options.programs, options.hosted_share)
@@ -293,6 +288,7 @@ async def _keep_programs_running(
         while True:
             program = next(stream)
             ends_session = next(started_programs) % 2 == 0
+            load.started += 1
             load.running += 1
             try:
                 record = await driver.run_program(program, time.monotonic(), load.requests)
@@ -300,11 +296,7 @@ async def _keep_programs_running(
                     await driver.end_session(program)
             finally:
                 load.running -= 1
-            load.programs.append(record)
-            if record.error is None:
-                load.completed += 1
-            else:
-                load.failed += 1
+            load.finished(record)
 
     try:
         await driver.warm_up()
@@ -351,7 +343,7 @@ def run_soak(options: SoakOptions, log: Log = print) -> Path:
     log(f"soak: cleared {cleared_toolserve_state(redis_url)} toolserve keys from Redis")
     process = launch.process()
     samples: list[Sample] = []
-    load = _Load()
+    load = ProgramLoad()
     log(f"soak: starting toolserve at {provenance.commit}; log {launch.log_path}")
     process.start()
     try:
@@ -427,7 +419,7 @@ def write_soak_run(
     options: SoakOptions,
     provenance: Provenance,
     samples: Sequence[Sample],
-    load: _Load,
+    load: ProgramLoad,
 ) -> Path:
     programs, requests = load.programs, load.requests
     warm_up_s, load_s = options.warm_up_minutes * 60, options.minutes * 60
@@ -538,10 +530,7 @@ def soak_report(name: str, summary: dict[str, Any], samples: Sequence[Sample]) -
     lines = [
         f"# {name}",
         "",
-        f"`{provenance['command']}` at `{provenance['commit']}`"
-        + (" (dirty tree)" if provenance["dirty"] else " (clean tree)")
-        + f", {provenance['machine'].get('cpu_model', 'unknown CPU')}, "
-        f"{provenance['started_utc']} to {provenance['finished_utc']}.",
+        provenance_line(provenance),
         "",
         f"{options['programs']} programs at a time for {options['minutes']:g} minutes "
         f"({options['hosted_share']:.0%} programs whose tools the cluster runs, records "

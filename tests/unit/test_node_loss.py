@@ -11,13 +11,13 @@ import pytest
 from bench.node_loss import (
     Event,
     NodeLossOptions,
+    NodeLossRun,
     Observation,
-    ProgramLoad,
     node_loss_summary,
     write_node_loss_run,
 )
 from bench.provenance import Provenance
-from bench.records import ProgramRecord, RequestRecord
+from bench.records import ProgramLoad, ProgramRecord, RequestRecord
 from cluster.config import CONFIGS_DIR, load_config
 
 LOST = "10.77.0.4"
@@ -149,11 +149,21 @@ def _load() -> ProgramLoad:
     )
 
 
-def test_the_lost_nodes_replica_pins_and_health_are_read_from_what_was_seen() -> None:
-    config = load_config(CONFIGS_DIR / "multinode-cpu.yaml")
-    summary = node_loss_summary(
-        _options(), LOST, config, _provenance(), _load(), EVENTS, OBSERVATIONS, 3.0
+def _run(observations: list[Observation], resends: float = 0.0) -> NodeLossRun:
+    return NodeLossRun(
+        _options(),
+        LOST,
+        load_config(CONFIGS_DIR / "multinode-cpu.yaml"),
+        _provenance(),
+        _load(),
+        list(EVENTS),
+        observations,
+        resends,
     )
+
+
+def test_the_lost_nodes_replica_pins_and_health_are_read_from_what_was_seen() -> None:
+    summary = node_loss_summary(_run(OBSERVATIONS, resends=3.0))
     node = summary["node"]
     assert node["replicas"] == ["replica-b"]
     assert node["turns_running_at_kill"] == 2.0
@@ -176,19 +186,13 @@ def test_the_lost_nodes_replica_pins_and_health_are_read_from_what_was_seen() ->
 
 
 def test_a_node_never_back_reads_never() -> None:
-    config = load_config(CONFIGS_DIR / "multinode-cpu.yaml")
     still_down = [seen for seen in OBSERVATIONS if seen.at_s < 160.0]
-    summary = node_loss_summary(
-        _options(), LOST, config, _provenance(), _load(), EVENTS, still_down, 0.0
-    )
+    summary = node_loss_summary(_run(still_down))
     assert summary["node"]["serving_again_after_start_s"] is None
 
 
 def test_the_run_is_written_with_its_report_plot_and_records(tmp_path: Path) -> None:
-    config = load_config(CONFIGS_DIR / "multinode-cpu.yaml")
-    run_dir = write_node_loss_run(
-        tmp_path, _options(), LOST, config, _provenance(), _load(), EVENTS, OBSERVATIONS, 3.0
-    )
+    run_dir = write_node_loss_run(tmp_path, _run(OBSERVATIONS, resends=3.0))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["programs"]["completed"] == 2
     report = (run_dir / "report.md").read_text()
