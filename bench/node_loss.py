@@ -39,7 +39,7 @@ from bench.runner import Log
 from bench.soak import soak_programs
 from bench.systems import scrape_metrics
 from cluster.config import REPO_ROOT, ToolserveConfig, load_config
-from cluster.launch.node_namespaces import METRICS_PORT, NamespaceCluster
+from cluster.node_layout import DEFAULT_NODES
 from cluster.store.pins import TtlLedger
 
 SYSTEM = "toolserve"
@@ -251,13 +251,16 @@ def run_node_loss(options: NodeLossOptions, log: Log = print) -> Path:
     run_dir = options.output_dir / options.run_name
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     config = load_config(options.config_path)
-    nodes = NamespaceCluster(log=log)
-    nodes.check_profile(config)
-    if options.lost_node not in nodes.nodes or nodes.nodes[options.lost_node].head:
-        raise ValueError(f"--lost-node must be a worker node of {sorted(nodes.nodes)}")
-    api_root = nodes.api_root(config)
-    lost_address = nodes.nodes[options.lost_node].address
-    lost_metrics_url = f"http://{lost_address}:{METRICS_PORT}/metrics"
+    nodes = {node.name: node for node in DEFAULT_NODES}
+    if options.lost_node not in nodes or nodes[options.lost_node].head:
+        workers = sorted(name for name, node in nodes.items() if not node.head)
+        raise ValueError(f"--lost-node must be a worker node: one of {workers}")
+    head = next(node for node in DEFAULT_NODES if node.head)
+    api_root = f"http://{head.address}:{config.server.port}"
+    lost_address = nodes[options.lost_node].address
+    redis_url = config.redis.url
+    if redis_url is None:
+        raise ValueError("the profile must name the nodes' Redis (redis.url)")
     log(f"node-loss: starting the nodes and toolserve at {provenance.commit}")
     with (run_dir / "logs" / "nodes.log").open("ab") as nodes_log:
         cluster = subprocess.Popen(
@@ -271,12 +274,12 @@ def run_node_loss(options: NodeLossOptions, log: Log = print) -> Path:
     try:
         _wait_until_serving(f"{api_root}/health", cluster, config)
         started = time.monotonic()
-        watcher = _Watcher(f"{api_root}/health", nodes.redis_url, started)
+        watcher = _Watcher(f"{api_root}/health", redis_url, started)
         watcher.start()
         done = threading.Event()
         faults = threading.Thread(
             target=_faults,
-            args=(options, lost_metrics_url, started, events, done, log),
+            args=(options, nodes[options.lost_node].metrics_url, started, events, done, log),
             name="node-loss-faults",
         )
         faults.start()
@@ -293,14 +296,14 @@ def run_node_loss(options: NodeLossOptions, log: Log = print) -> Path:
             done.set()
             faults.join()
             watcher.stop()
-        ingress_metrics = scrape_metrics(f"http://{nodes.head.address}:{METRICS_PORT}/metrics")
+        ingress_metrics = scrape_metrics(head.metrics_url)
     finally:
         cluster.send_signal(signal.SIGINT)
         try:
             cluster.wait(timeout=180)
         except subprocess.TimeoutExpired:
             cluster.kill()
-            nodes.down()
+            subprocess.run(_toolserve("nodes", "down"), check=False)
     provenance.finished_utc = utc_now()
     note_code_state(provenance, REPO_ROOT, options.output_dir)
     counters = counter_totals(ingress_metrics)

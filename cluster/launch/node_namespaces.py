@@ -21,7 +21,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -29,51 +28,28 @@ import httpx
 
 from cluster.config import ToolserveConfig, load_config
 from cluster.launch.debian_packages import binary_or_install
+from cluster.node_layout import (
+    DASHBOARD_PORT,
+    DEFAULT_NODES,
+    METRICS_PORT,
+    RAY_PORT,
+    REDIS_HOST,
+    REDIS_PORT,
+    SUBNET,
+    NodeSpec,
+)
 
 Log = Callable[[str], None]
 
 BRIDGE = "tsnodes0"
-SUBNET = "10.77.0"
 BRIDGE_ADDRESS = f"{SUBNET}.1"
-RAY_PORT = 6379
-DASHBOARD_PORT = 8265
-METRICS_PORT = 8080
-"""Each node's metrics agent: what a PodMonitor scrapes on KubeRay."""
 RAY_TEMP_ROOT = Path("/tmp/tsn-ray")
 """Short: Ray's Unix sockets live under it, and their paths may not pass 107 bytes."""
-REDIS_PORT = 6379
 REDIS_NAMESPACE = "redis"
 
 
 class NamespaceClusterError(RuntimeError):
     """A node could not be created, started or stopped."""
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    """One Ray node: its name (the namespace's suffix), host number on the
-    bridge's subnet, logical CPUs and the custom resources it offers."""
-
-    name: str
-    host: int
-    num_cpus: int
-    resources: dict[str, float] = field(default_factory=dict)
-    head: bool = False
-
-    @property
-    def address(self) -> str:
-        return f"{SUBNET}.{self.host}"
-
-
-# What KubeRay would run: a head (Serve's controller, proxy and the ingress),
-# two model nodes (a main replica each) and a node for the tool workers.
-DEFAULT_NODES: tuple[NodeSpec, ...] = (
-    NodeSpec("head", 2, num_cpus=2, resources={"ingress_node": 1}, head=True),
-    NodeSpec("model-a", 3, num_cpus=2, resources={"model_node": 1}),
-    NodeSpec("model-b", 4, num_cpus=2, resources={"model_node": 1}),
-    NodeSpec("tools", 5, num_cpus=2, resources={"tool_node": 1}),
-)
-REDIS_HOST = 9
 
 
 def namespace(name: str) -> str:

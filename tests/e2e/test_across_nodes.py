@@ -40,8 +40,9 @@ from written_calls import CALCULATOR_FEW_SHOT, invalid_calculator_call, written_
 from cluster.config import CONFIGS_DIR, ToolserveConfig, load_config
 from cluster.launch.dashboards import build_dashboards, panel_queries
 from cluster.launch.launcher import Endpoints
-from cluster.launch.node_namespaces import DEFAULT_NODES, NamespaceCluster
+from cluster.launch.node_namespaces import NamespaceCluster
 from cluster.launch.prometheus import PrometheusServer
+from cluster.node_layout import DEFAULT_NODES
 from cluster.openai_protocol import executed_messages
 from cluster.store.pins import TtlLedger
 from deployments.api.chat import REPLICA_HEADER

@@ -8,7 +8,8 @@ import os
 import pytest
 
 from cluster.config import load_config
-from cluster.launch.node_namespaces import DEFAULT_NODES, NamespaceCluster, NamespaceClusterError
+from cluster.launch.node_namespaces import NamespaceCluster, NamespaceClusterError
+from cluster.node_layout import DEFAULT_NODES
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
