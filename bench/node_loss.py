@@ -153,22 +153,29 @@ class _Watcher:
 
     def observe(self) -> Observation:
         at = time.monotonic() - self._started
-        status: str | None = None
-        main_nodes: dict[str, str] = {}
-        pending = 0
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            health = httpx.get(self._health_url, timeout=5).json()
-            status = health.get("status")
-            for engine in health.get("engines", []):
-                if engine.get("role") != "main":
-                    continue
-                if engine.get("state") == "ready":
-                    main_nodes[engine["replica"]] = engine.get("node", "")
-                elif engine.get("state") == "pending":
-                    pending += 1
+        status, main_nodes, pending = _health(self._health_url)
         return Observation(
             round(at, 1), status, main_nodes, pending, self._ledger.pins_by_replica()
         )
+
+
+def _health(url: str) -> tuple[str | None, dict[str, str], int]:
+    """`/health`'s status, each ready main replica's node address, and how many
+    main replicas are pending; None and nothing when it does not answer."""
+    main_nodes: dict[str, str] = {}
+    pending = 0
+    try:
+        health = httpx.get(url, timeout=5).json()
+    except (httpx.HTTPError, ValueError):
+        return None, main_nodes, pending
+    for engine in health.get("engines", []):
+        if engine.get("role") != "main":
+            continue
+        if engine.get("state") == "ready":
+            main_nodes[engine["replica"]] = engine.get("node", "")
+        elif engine.get("state") == "pending":
+            pending += 1
+    return health.get("status"), main_nodes, pending
 
 
 async def _run_load(
@@ -262,7 +269,8 @@ def run_node_loss(options: NodeLossOptions, log: Log = print) -> Path:
     if redis_url is None:
         raise ValueError("the profile must name the nodes' Redis (redis.url)")
     log(f"node-loss: starting the nodes and toolserve at {provenance.commit}")
-    with (run_dir / "logs" / "nodes.log").open("ab") as nodes_log:
+    nodes_log_path = run_dir / "logs" / "nodes.log"
+    with nodes_log_path.open("ab") as nodes_log:
         cluster = subprocess.Popen(
             _toolserve("nodes", "up", "--config", str(options.config_path)),
             stdout=nodes_log,
@@ -272,7 +280,7 @@ def run_node_loss(options: NodeLossOptions, log: Log = print) -> Path:
     run = NodeLossRun(options, lost_address, config, provenance)
     load, events = run.load, run.events
     try:
-        _wait_until_serving(f"{api_root}/health", cluster, config)
+        _wait_until_serving(f"{api_root}/health", cluster, config, nodes_log_path)
         started = time.monotonic()
         watcher = _Watcher(f"{api_root}/health", redis_url, started)
         watcher.start()
@@ -313,22 +321,16 @@ def run_node_loss(options: NodeLossOptions, log: Log = print) -> Path:
 
 
 def _wait_until_serving(
-    health_url: str, cluster: subprocess.Popen[bytes], config: ToolserveConfig
+    health_url: str, cluster: subprocess.Popen[bytes], config: ToolserveConfig, log_path: Path
 ) -> None:
     deadline = time.monotonic() + SERVING_TIMEOUT_S
     wanted = config.main.num_replicas
     while time.monotonic() < deadline:
         if cluster.poll() is not None:
-            raise RuntimeError(f"toolserve nodes up exited ({cluster.returncode})")
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            health = httpx.get(health_url, timeout=5).json()
-            ready = [
-                engine
-                for engine in health.get("engines", [])
-                if engine.get("role") == "main" and engine.get("state") == "ready"
-            ]
-            if health.get("status") == "ok" and len(ready) == wanted:
-                return
+            raise RuntimeError(f"toolserve nodes up exited ({cluster.returncode}); see {log_path}")
+        status, main_nodes, _ = _health(health_url)
+        if status == "ok" and len(main_nodes) == wanted:
+            return
         time.sleep(2)
     raise RuntimeError(f"{health_url} not ok with {wanted} main replicas in time")
 

@@ -217,7 +217,6 @@ def _soak(args: argparse.Namespace) -> int:
 def _node_loss(args: argparse.Namespace) -> int:
     from bench.node_loss import NodeLossOptions, run_node_loss
     from bench.provenance import DirtyTreeError
-    from cluster.launch.node_namespaces import NamespaceClusterError
     from cluster.signals import stop_on_signals
 
     options = NodeLossOptions(
@@ -242,9 +241,12 @@ def _node_loss(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         _log("interrupted; the nodes have been stopped")
         return 130
-    except (ValueError, DirtyTreeError, NamespaceClusterError) as error:
+    except (ValueError, DirtyTreeError) as error:
         _log(f"error: {error}")
         return 2
+    except RuntimeError as error:
+        _log(f"error: {error}")
+        return 1
     _log(f"node-loss: report at {run_dir / 'report.md'}")
     return 0
 
