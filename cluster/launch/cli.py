@@ -63,12 +63,16 @@ def _nodes(args: argparse.Namespace) -> int:
         NamespaceCluster,
         NamespaceClusterError,
     )
+    from cluster.signals import stop_on_signals
 
+    stop_on_signals()
     try:
         cluster = NamespaceCluster(log=_log)
         if args.action == "up":
             return _nodes_up(cluster, args)
-        if args.action == "down":
+        if args.action == "hosts":
+            cluster.create_hosts()
+        elif args.action == "down":
             cluster.down()
         elif args.action == "kill":
             cluster.kill(args.node)
@@ -82,6 +86,9 @@ def _nodes(args: argparse.Namespace) -> int:
     except NamespaceClusterError as error:
         _log(f"error: {error}")
         return 1
+    except KeyboardInterrupt:
+        _log("interrupted")
+        return 130
     return 0
 
 
@@ -94,7 +101,7 @@ def _nodes_up(cluster: NamespaceCluster, args: argparse.Namespace) -> int:
         _log(f"toolserve up on the head node; its log: {cluster.log_path('up')}")
         cluster.wait_until_serving(config, server, config.main.startup_timeout_s)
         _log(f"OpenAI API:  {cluster.api_root(config)}/v1")
-        _log(f"Redis:       {cluster.redis_url}")
+        _log(f"Redis:       {config.redis.url}")
         if args.exit:
             return 0
         _log("serving; press Ctrl-C to stop every node")
@@ -170,6 +177,7 @@ def _bench(args: argparse.Namespace) -> int:
         allow_dirty=args.allow_dirty,
         dashboards=args.dashboards,
         programs=args.programs,
+        nodes=args.nodes,
     )
     stop_on_signals()
     try:
@@ -453,6 +461,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     nodes_up.add_argument("--config", type=Path, default=Path("configs/multinode-cpu.yaml"))
     nodes_up.add_argument("--exit", action="store_true", help="stop every node once serving")
+    node_actions.add_parser(
+        "hosts",
+        help="only the bridge and the nodes' namespaces, nothing started in them (to run "
+        "another system on the same hosts: ip netns exec tsn-NODE ...)",
+    )
     node_actions.add_parser("down", help="stop every node and remove the namespaces")
     for action, text in (
         ("kill", "kill every process of a node at once (a lost node)"),
@@ -514,6 +527,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="record from a working tree with uncommitted changes (the report says so)",
     )
     bench.add_argument("--config", type=Path, default=DEFAULT_CONFIG_PATH, help="toolserve profile")
+    bench.add_argument(
+        "--nodes",
+        action="store_true",
+        help="every system on the hosts of `toolserve nodes` (root only): toolserve with "
+        "`nodes up --config`, the stock router arms with a server per model node and the "
+        "router on the head; use a profile for the nodes (configs/multinode-cpu.yaml)",
+    )
     bench.add_argument("--model", help="model for every system (default: the profile's)")
     bench.add_argument("--kv-cache-mib", type=int, help="KV budget (default: the workload's)")
     bench.add_argument(

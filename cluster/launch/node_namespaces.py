@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -37,6 +38,7 @@ from cluster.node_layout import (
     REDIS_PORT,
     SUBNET,
     NodeSpec,
+    namespace,
 )
 
 Log = Callable[[str], None]
@@ -50,10 +52,6 @@ REDIS_NAMESPACE = "redis"
 
 class NamespaceClusterError(RuntimeError):
     """A node could not be created, started or stopped."""
-
-
-def namespace(name: str) -> str:
-    return f"tsn-{name}"
 
 
 def _run(argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -152,11 +150,10 @@ class NamespaceCluster:
             "RAY_worker_niceness": "0",
         }
 
-    def up(self) -> None:
+    def create_hosts(self) -> None:
+        """The bridge and every node's namespace with its address, nothing running
+        in them yet (what was there before is stopped and removed)."""
         self.down()
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        self.auth_token_path.write_text(secrets.token_hex(32))
-        self.auth_token_path.chmod(0o600)
         self._log(f"nodes: bridge {BRIDGE} {BRIDGE_ADDRESS}/24")
         _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
         _run(["ip", "addr", "add", f"{BRIDGE_ADDRESS}/24", "dev", BRIDGE])
@@ -164,6 +161,12 @@ class NamespaceCluster:
         self._add_namespace(REDIS_NAMESPACE, f"{SUBNET}.{REDIS_HOST}")
         for node in self.nodes.values():
             self._add_namespace(node.name, node.address)
+
+    def up(self) -> None:
+        self.create_hosts()
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.auth_token_path.write_text(secrets.token_hex(32))
+        self.auth_token_path.chmod(0o600)
         try:
             self.start_redis()
             self.start_node(self.head.name)
@@ -253,8 +256,10 @@ class NamespaceCluster:
             _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
 
     def check_profile(self, config: ToolserveConfig) -> None:
-        """A profile joins this cluster only if it names its head and Redis."""
-        if config.ray.address != self.ray_address or config.redis.url != self.redis_url:
+        """A profile joins this cluster only if it names its head and Redis (any of
+        its databases)."""
+        same_redis = urlsplit(config.redis.url).netloc == urlsplit(self.redis_url).netloc
+        if config.ray.address != self.ray_address or not same_redis:
             raise NamespaceClusterError(
                 f"the profile must name this cluster: ray.address {self.ray_address} "
                 f"(it has {config.ray.address}), redis.url {self.redis_url} "

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +19,15 @@ import pytest
 from bench.baselines.vllm_router import router_command
 from bench.cpu import ProcessTreeCpu
 from bench.metrics import engine_counters, engine_work, front_end_work
-from bench.options import parse_system
+from bench.options import BenchOptions, parse_system
 from bench.provenance import DirtyTreeError, code_state, note_code_state, start_provenance
-from bench.runner import arm_setup
+from bench.runner import arm_setup, check_nodes_run
 from bench.summary import comparison_pairs
 from bench.systems import (
     ABLATIONS,
     BASELINE_SYSTEMS,
     DELIBERATE_DIFFERENCES,
+    NODES_READY_LINE,
     ROUTER_READY_LINE,
     bound_core_count,
     engine_settings,
@@ -36,6 +38,7 @@ from bench.systems import (
     toolserve_config,
 )
 from cluster.config import DEFAULT_CONFIG_PATH, ToolserveConfig, load_config
+from cluster.node_layout import DEFAULT_NODES, head_node, model_nodes
 from deployments.engine.pinning.settings import EnginePinningSettings
 from deployments.engine.setup import engine_arguments, engine_environment, scheduler_class
 
@@ -538,3 +541,84 @@ def test_the_router_arm_starts_one_bound_server_per_replica_behind_vllm_router(
     assert router[router.index("--policy") + 1] == "consistent_hash"
     assert router[router.index("--worker-urls") + 1 :][:2] == ["http://a:1", "http://b:2"]
     assert "--enable-program-scheduling" in router
+
+
+def _nodes_arm(system: str) -> Any:
+    raw = load_config("multinode-cpu.yaml").model_dump(mode="json")
+    return arm_setup(system, raw, 256, 4096)
+
+
+def test_on_the_nodes_toolserve_starts_with_nodes_up_and_is_read_on_every_node(
+    tmp_path: Path,
+) -> None:
+    arm = _nodes_arm("toolserve")
+    plan = arm.spec.plan(arm.settings, arm.raw_config, tmp_path, "ts", on_nodes=True)
+    command = plan.command
+    assert command[command.index("cluster.launch.cli") + 1 :][:3] == ["nodes", "up", "--config"]
+    assert plan.ready_line == NODES_READY_LINE
+    assert plan.endpoint.base_url.startswith(f"http://{head_node().address}:")
+    assert plan.endpoint.metrics_urls == tuple(node.metrics_url for node in DEFAULT_NODES)
+    assert plan.toolserve_config is not None
+    # `nodes up` refuses a profile that names another cluster: this one is its own.
+    assert plan.toolserve_config["ray"]["address"] == "10.77.0.2:6379"
+    assert plan.toolserve_config["redis"]["url"].startswith("redis://10.77.0.9:6379/")
+
+
+def test_on_the_nodes_the_router_arm_puts_a_replica_on_each_model_node(tmp_path: Path) -> None:
+    arm = _nodes_arm("stock-vllm-router-programs")
+    plan = arm.spec.plan(arm.settings, arm.raw_config, tmp_path, "stock", on_nodes=True)
+    command = plan.command
+    assert command[command.index("-m") + 1] == "bench.baselines.vllm_router"
+    assert "--on-nodes" in command and "--program-scheduling" in command
+    # The profile's two replicas, one per model node; both engines use both cores.
+    assert command[command.index("--bindings") + 1 :][:2] == ["nobind", "nobind"]
+    assert len(model_nodes()) == 2
+    assert plan.endpoint.base_url.startswith(f"http://{head_node().address}:")
+    router = router_command(["http://a:1"], 30, 31, False, host=head_node().address)
+    assert router[router.index("--host") + 1] == head_node().address
+
+
+def test_systems_that_run_on_one_host_are_refused_on_the_nodes(tmp_path: Path) -> None:
+    for system in ("stock-vllm", "stock-ray-serve-llm"):
+        arm = _nodes_arm(system)
+        with pytest.raises(ValueError, match="runs on one host only"):
+            arm.spec.plan(arm.settings, arm.raw_config, tmp_path, system, on_nodes=True)
+    options = BenchOptions(
+        workload="many-agent",
+        size="quick",
+        systems=["toolserve", "stock-vllm"],
+        seed=0,
+        repeats=1,
+        config_path=Path("configs/multinode-cpu.yaml"),
+        output_dir=tmp_path,
+        run_name="refused",
+        argv=[],
+        nodes=True,
+    )
+    with pytest.raises(ValueError, match="stock-vllm run on one host only"):
+        check_nodes_run(options, list(options.systems))
+    check_nodes_run(options, ["toolserve", "toolserve-no-pinning", "stock-vllm-router"])
+    with pytest.raises(ValueError, match="--dashboards"):
+        check_nodes_run(replace(options, dashboards=True), ["toolserve"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a network namespace of its own needs root")
+def test_cpu_on_the_nodes_counts_processes_in_other_network_namespaces() -> None:
+    """A node's daemons are no launcher's children: the sampler finds them by
+    their network namespace."""
+    spinner = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass"
+    spin_then_wait = f"{spinner}\nprint('spun', flush=True)\ntime.sleep(60)"
+    launcher = subprocess.Popen(["sleep", "60"])
+    in_a_namespace = ["unshare", "--net", sys.executable, "-c", spin_then_wait]
+    elsewhere = subprocess.Popen(in_a_namespace, stdout=subprocess.PIPE, text=True)
+    try:
+        counting = ProcessTreeCpu(launcher.pid, interval_s=0.05, other_network_namespaces=True)
+        tree_only = ProcessTreeCpu(launcher.pid, interval_s=0.05)
+        counting.start()
+        tree_only.start()
+        assert elsewhere.stdout is not None and elsewhere.stdout.readline().strip() == "spun"
+        assert counting.stop().total_s >= 0.3
+        assert tree_only.stop().total_s < 0.1
+    finally:
+        launcher.kill()
+        elsewhere.kill()

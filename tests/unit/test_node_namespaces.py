@@ -19,6 +19,9 @@ def test_the_shipped_profile_joins_the_cluster_the_nodes_make() -> None:
     profile = load_config("multinode-cpu.yaml")
     cluster.check_profile(profile)
     assert cluster.api_root(profile) == "http://10.77.0.2:8000"
+    # Another database of the nodes' Redis is the same cluster (the benchmark's).
+    other_database = profile.redis.model_copy(update={"url": "redis://10.77.0.9:6379/9"})
+    cluster.check_profile(profile.model_copy(update={"redis": other_database}))
 
 
 def test_a_profile_naming_another_cluster_is_refused() -> None:
