@@ -236,7 +236,8 @@ def _run_arm(
     arm.launch = arm.launch or launch.as_json()
     endpoint = launch.endpoint
     process = launch.process()
-    if launch.toolserve_config is not None:
+    # The nodes' Redis starts empty with every `toolserve nodes up`.
+    if launch.toolserve_config is not None and not options.nodes:
         cleared = cleared_toolserve_state(launch.toolserve_config["redis"]["url"])
         log(f"bench: cleared {cleared} toolserve keys from Redis before {label}")
     log(f"bench: starting {label} (round {round_index}); log {launch.log_path}")
