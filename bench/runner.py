@@ -46,10 +46,6 @@ from cluster.config import REPO_ROOT, ToolserveConfig, load_config
 
 Log = Callable[[str], None]
 READY_TIMEOUT_S = 900.0
-# Ray's processes report their metrics every 10 s (as users run it: a shorter
-# interval would cost the Ray-based systems CPU by the second), so a scrape sees
-# what happened up to one interval earlier.
-_METRICS_SETTLE_S = 12.0
 
 
 def raw_profile_config(
@@ -252,7 +248,7 @@ def _run_arm(
         if watching is not None:
             watching.watch(endpoint.metrics_url, label)
         captured_from = datetime.now(UTC)
-        time.sleep(_METRICS_SETTLE_S)
+        time.sleep(spec.metrics_lag_s)
         metrics_before = endpoint.scrape()
         # On the nodes, Ray's daemons and the servers run in the nodes' namespaces,
         # not under the launcher.
@@ -297,7 +293,7 @@ def _run_arm(
                 )
         finally:
             cpu_use = cpu.stop()
-        time.sleep(_METRICS_SETTLE_S)
+        time.sleep(spec.metrics_lag_s)
         metrics_after = endpoint.scrape()
         if watching is not None:
             watching.draw(tag, captured_from, datetime.now(UTC))

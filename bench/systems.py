@@ -413,6 +413,10 @@ STOCK_LAUNCHERS = {
 }
 
 
+RAY_REPORTED_KINDS = ("toolserve", "stock-ray-serve-llm")
+RAY_METRICS_LAG_S = 12.0
+
+
 @dataclass(frozen=True)
 class SystemSpec:
     """How to start one system (`kind`: which launcher); `overrides` are this
@@ -425,6 +429,14 @@ class SystemSpec:
     client_speculation: bool = False
     launcher_options: tuple[str, ...] = ()
     """Further arguments of a stock system's launcher."""
+
+    @property
+    def metrics_lag_s(self) -> float:
+        """How long after the fact a scrape of this system sees it: Ray's processes
+        report their metrics every 10 s (as users run it: a shorter interval would
+        cost the Ray-based systems CPU by the second); vLLM's servers answer with
+        their counters as they are."""
+        return RAY_METRICS_LAG_S if self.kind in RAY_REPORTED_KINDS else 0.0
 
     def configured(self, raw_config: dict[str, Any]) -> dict[str, Any]:
         return with_overrides(raw_config, self.overrides)

@@ -622,3 +622,11 @@ def test_cpu_on_the_nodes_counts_processes_in_other_network_namespaces() -> None
     finally:
         launcher.kill()
         elsewhere.kill()
+
+
+def test_only_systems_whose_metrics_ray_reports_are_waited_for_before_a_scrape() -> None:
+    catalog = system_catalog()
+    for name in ("toolserve", "toolserve-no-pinning", "stock-ray-serve-llm"):
+        assert catalog[name].metrics_lag_s > 10, name  # Ray reports every 10 s
+    for name in ("stock-vllm", "stock-vllm-plain", "stock-vllm-router"):
+        assert catalog[name].metrics_lag_s == 0, name

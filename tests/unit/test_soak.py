@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import itertools
+import os
 import statistics
 
 import pytest
 
-from bench.soak import Sample, Tolerance, growth_of, growths, soak_programs
+from bench.soak import ResourceSampler, Sample, Tolerance, growth_of, growths, soak_programs
 from bench.workloads.bfcl import BfclProgram
 from bench.workloads.speculation import RecordsProgram
 from bench.workloads.trace import TraceProgram
 
 
-def _sample(elapsed_s: float, rss_mb: float, redis_keys: int = 100) -> Sample:
+def _sample(
+    elapsed_s: float, rss_mb: float, redis_keys: int = 100, lasting_keys: int = 12
+) -> Sample:
     return Sample(
         elapsed_s=elapsed_s,
         rss_mb={"ingress": rss_mb / 2, "engine": rss_mb / 2},
@@ -26,6 +29,7 @@ def _sample(elapsed_s: float, rss_mb: float, redis_keys: int = 100) -> Sample:
         running=32,
         completed=int(elapsed_s),
         failed=0,
+        redis_keys_without_expiry={"toolserve:ledger": lasting_keys},
     )
 
 
@@ -53,9 +57,19 @@ def test_only_samples_after_warm_up_and_before_the_load_drains_are_judged() -> N
     assert judged["rss_mb"].first == judged["rss_mb"].last == 1300
     from_the_start = {growth.series: growth for growth in growths(climbing_then_level, 0, 30 * 60)}
     assert not from_the_start["rss_mb"].flat
-    draining = [*climbing_then_level, _sample(31 * 60, 100, redis_keys=0)]
+    draining = [*climbing_then_level, _sample(31 * 60, 100, lasting_keys=0)]
     judged_while_loaded = {growth.series: growth for growth in growths(draining, 8 * 60, 30 * 60)}
-    assert judged_while_loaded["redis_keys"].flat and judged_while_loaded["rss_mb"].flat
+    assert judged_while_loaded["redis_keys_without_expiry"].flat
+    assert judged_while_loaded["rss_mb"].flat
+
+
+def test_keys_that_expire_follow_the_load_unjudged_and_lasting_keys_are_judged() -> None:
+    busier = [_sample(60.0 * minute, 1000, redis_keys=100 + 10 * minute) for minute in range(30)]
+    judged = {growth.series: growth for growth in growths(busier, 0, 30 * 60)}
+    assert "redis_keys" not in judged and judged["redis_keys_without_expiry"].flat
+    leaking = [_sample(60.0 * minute, 1000, lasting_keys=12 + 2 * minute) for minute in range(30)]
+    judged = {growth.series: growth for growth in growths(leaking, 0, 30 * 60)}
+    assert not judged["redis_keys_without_expiry"].flat
 
 
 def test_a_judgement_needs_two_samples_after_warm_up() -> None:
@@ -78,3 +92,25 @@ def test_the_many_agent_programs_are_short_enough_to_turn_over() -> None:
     turns = [program.turns for program in programs if isinstance(program, TraceProgram)]
     assert len(turns) == 360
     assert min(turns) >= 2 and max(turns) <= 5 and statistics.fmean(turns) <= 4
+
+
+def test_the_sampler_tells_keys_without_expiry_from_those_that_expire(redis_url: str) -> None:
+    import redis
+
+    url = f"{redis_url.rpartition('/')[0]}/15"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    try:
+        client.set("toolserve:sessions:a", "1", ex=300)
+        client.set("toolserve:sessions:b", "1", ex=300)
+        client.set("toolserve:ledger:pins", "1")
+        sampler = ResourceSampler(os.getpid(), url, "http://127.0.0.1:9/metrics")
+        try:
+            kinds, without_expiry = sampler.redis_keys()
+        finally:
+            sampler.close()
+        assert kinds == {"toolserve:sessions": 2, "toolserve:ledger": 1}
+        assert without_expiry == {"toolserve:ledger": 1}
+    finally:
+        client.flushdb()
+        client.close()
