@@ -2,7 +2,9 @@
 consistent-hash session affinity on `X-Session-ID`, optionally its program
 scheduling, in front of one vLLM OpenAI server per replica, each bound to its
 own cores. Serves the replicas' metrics summed on one port (their scrapes
-concatenated). Runs until SIGTERM or SIGINT, then stops every process it started.
+concatenated). `--on-nodes`: each replica on a model node of `toolserve nodes`
+and the router on its head, each in that node's namespace. Runs until SIGTERM or
+SIGINT, then stops every process it started.
 """
 
 from __future__ import annotations
