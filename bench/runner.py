@@ -172,7 +172,7 @@ def check_nodes_run(options: BenchOptions, systems: list[str]) -> None:
     """A run on the nodes takes the systems that run there, and draws no dashboards
     (its local Prometheus scrapes one address per arm)."""
     catalog = system_catalog()
-    elsewhere = [name for name in systems if catalog[name].kind not in NODES_KINDS]
+    elsewhere = [name for name in systems if not catalog[name].runs_on_nodes]
     if elsewhere:
         raise ValueError(
             f"{', '.join(elsewhere)} run on one host only; --nodes takes systems built "

@@ -438,6 +438,11 @@ class SystemSpec:
         their counters as they are."""
         return RAY_METRICS_LAG_S if self.kind in RAY_REPORTED_KINDS else 0.0
 
+    @property
+    def runs_on_nodes(self) -> bool:
+        """Whether `--nodes` can start it on the hosts of `toolserve nodes`."""
+        return self.kind in NODES_KINDS
+
     def configured(self, raw_config: dict[str, Any]) -> dict[str, Any]:
         return with_overrides(raw_config, self.overrides)
 
@@ -451,7 +456,7 @@ class SystemSpec:
     ) -> LaunchPlan:
         """`on_nodes`: on the hosts of `toolserve nodes` (the head serves the API,
         each model node a main replica) instead of this machine's loopback."""
-        if on_nodes and self.kind not in NODES_KINDS:
+        if on_nodes and not self.runs_on_nodes:
             raise ValueError(
                 f"{self.name} runs on one host only; on the nodes: {', '.join(NODES_KINDS)} "
                 "and the systems built on them"
