@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlparse
 
+from bench.systems import toolserve_command
+
 _SCRAPE_INTERVAL_S = 5
-_CLI = [sys.executable, "-m", "cluster.launch.cli", "dashboards"]
+_CLI = toolserve_command("dashboards")
 
 
 class DashboardCapture:

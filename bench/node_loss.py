@@ -14,7 +14,6 @@ import contextlib
 import json
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -37,9 +36,9 @@ from bench.provenance import (
 from bench.records import ProgramLoad, RequestRecord, append_records, start_records
 from bench.runner import Log
 from bench.soak import soak_programs
-from bench.systems import scrape_metrics
+from bench.systems import scrape_metrics, toolserve_command
 from cluster.config import REPO_ROOT, ToolserveConfig, load_config
-from cluster.node_layout import DEFAULT_NODES
+from cluster.node_layout import DEFAULT_NODES, head_node
 from cluster.store.pins import TtlLedger
 
 SYSTEM = "toolserve"
@@ -122,10 +121,6 @@ class NodeLossRun:
     observations: list[Observation] = field(default_factory=list)
     resends: float = 0.0
     """Turns the ingress sent again after losing their replica."""
-
-
-def _toolserve(*arguments: str) -> list[str]:
-    return [sys.executable, "-m", "cluster.launch.cli", *arguments]
 
 
 class _Watcher:
@@ -235,7 +230,8 @@ def _faults(
 
     def run(what: str, *arguments: str) -> None:
         events.append(Event(round(time.monotonic() - started, 1), f"{what} begins"))
-        result = subprocess.run(_toolserve("nodes", *arguments), capture_output=True, text=True)
+        command = toolserve_command("nodes", *arguments)
+        result = subprocess.run(command, capture_output=True, text=True)
         detail = "" if result.returncode == 0 else result.stderr.strip()[-500:]
         events.append(Event(round(time.monotonic() - started, 1), f"{what} ends", detail))
         log(f"node-loss: {what} (exit {result.returncode})")
@@ -262,7 +258,7 @@ def run_node_loss(options: NodeLossOptions, log: Log = print) -> Path:
     if options.lost_node not in nodes or nodes[options.lost_node].head:
         workers = sorted(name for name, node in nodes.items() if not node.head)
         raise ValueError(f"--lost-node must be a worker node: one of {workers}")
-    head = next(node for node in DEFAULT_NODES if node.head)
+    head = head_node()
     api_root = f"http://{head.address}:{config.server.port}"
     lost_address = nodes[options.lost_node].address
     redis_url = config.redis.url
@@ -272,7 +268,7 @@ def run_node_loss(options: NodeLossOptions, log: Log = print) -> Path:
     nodes_log_path = run_dir / "logs" / "nodes.log"
     with nodes_log_path.open("ab") as nodes_log:
         cluster = subprocess.Popen(
-            _toolserve("nodes", "up", "--config", str(options.config_path)),
+            toolserve_command("nodes", "up", "--config", str(options.config_path)),
             stdout=nodes_log,
             stderr=subprocess.STDOUT,
             cwd=REPO_ROOT,
@@ -311,7 +307,7 @@ def run_node_loss(options: NodeLossOptions, log: Log = print) -> Path:
             cluster.wait(timeout=180)
         except subprocess.TimeoutExpired:
             cluster.kill()
-            subprocess.run(_toolserve("nodes", "down"), check=False)
+            subprocess.run(toolserve_command("nodes", "down"), check=False)
     provenance.finished_utc = utc_now()
     note_code_state(provenance, REPO_ROOT, options.output_dir)
     counters = counter_totals(ingress_metrics)

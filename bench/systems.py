@@ -402,6 +402,11 @@ class LaunchPlan:
         }
 
 
+def toolserve_command(*arguments: str) -> list[str]:
+    """The `toolserve` CLI with these arguments, as this Python runs it."""
+    return [sys.executable, "-m", "cluster.launch.cli", *arguments]
+
+
 NODES_KINDS = ("toolserve", "stock-vllm-router")
 """The kinds of system that run on the hosts of `toolserve nodes` (`--nodes`)."""
 NODES_READY_LINE = "[toolserve] OpenAI API:"
@@ -493,14 +498,13 @@ class SystemSpec:
         raw = toolserve_config(settings, base_config, {}, port, metrics_port)
         config_path = workdir / "logs" / f"{tag}.yaml"
         config_path.write_text(yaml.safe_dump(raw, sort_keys=False))
-        toolserve = [sys.executable, "-m", "cluster.launch.cli"]
         if on_nodes:
             # Each node's metrics agent exports what runs on that node, as on KubeRay.
             endpoint = Endpoint(base_url, tuple(node.metrics_url for node in DEFAULT_NODES))
-            command = [*toolserve, "nodes", "up", "--config", str(config_path)]
+            command = toolserve_command("nodes", "up", "--config", str(config_path))
             # `toolserve nodes up` says so once `/health` is ok: every replica ready.
             return LaunchPlan(command, environment, log_path, endpoint, NODES_READY_LINE, raw)
-        command = [*toolserve, "up", "--config", str(config_path)]
+        command = toolserve_command("up", "--config", str(config_path))
         # `toolserve up` says so once every configured replica's engine is ready.
         return LaunchPlan(command, environment, log_path, endpoint, "[toolserve] ready in ", raw)
 

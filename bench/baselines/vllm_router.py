@@ -27,6 +27,7 @@ from bench.systems import (
     EngineSettings,
     replica_environment,
     stock_vllm_command,
+    toolserve_command,
 )
 from cluster.net import free_port
 from cluster.node_layout import head_node, model_nodes
@@ -75,10 +76,6 @@ class _Host:
         return ["ip", "netns", "exec", self.namespace, *argv] if self.namespace else argv
 
 
-def _toolserve_nodes(action: str) -> list[str]:
-    return [sys.executable, "-m", "cluster.launch.cli", "nodes", action]
-
-
 def _replica_hosts(replicas: int, on_nodes: bool) -> list[_Host]:
     """One host per replica: the model nodes (created here, as `toolserve nodes
     hosts` does), or the loopback for all."""
@@ -87,7 +84,7 @@ def _replica_hosts(replicas: int, on_nodes: bool) -> list[_Host]:
     nodes = model_nodes()
     if replicas != len(nodes):
         raise SystemExit(f"{replicas} replicas for {len(nodes)} model nodes: one each")
-    subprocess.run(_toolserve_nodes("hosts"), check=True)
+    subprocess.run(toolserve_command("nodes", "hosts"), check=True)
     return [_Host(node.address, node.namespace) for node in nodes]
 
 
@@ -189,7 +186,7 @@ def main() -> None:
             if process.poll() is None:
                 process.kill()
         if args.on_nodes:
-            subprocess.run(_toolserve_nodes("down"), check=False)
+            subprocess.run(toolserve_command("nodes", "down"), check=False)
 
 
 if __name__ == "__main__":
