@@ -162,6 +162,31 @@ class TokenizeCacheConfig(_Strict):
     )
 
 
+class PrefixIntegrityConfig(_Strict):
+    """Checking each turn's prompt against what the engine holds for its program."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Compare each prompt of a program with its last prompt and the "
+        "tokens the model wrote there; count where and why they part "
+        "(`toolserve_prefix_breaks_total{cause}`, the session's `prefix` block, the "
+        "`X-Toolserve-Prefix` header).",
+    )
+    repair: bool = Field(
+        default=True,
+        description="Where the client sent the model's reply back meaning what the model "
+        "wrote (the same calls and arguments once parsed, the same text but for "
+        "whitespace at its ends), run the prompt with the model's own tokens for it, so "
+        "the program's cached prefix holds.",
+    )
+    max_held_tokens: int = Field(
+        default=4_000_000,
+        ge=1,
+        description="Most token ids one replica keeps of its programs' last turns (4 "
+        "bytes each); the program least recently served goes first.",
+    )
+
+
 class ChatConfig(_Strict):
     """How the OpenAI chat front end of a model replica renders and parses."""
 
@@ -185,6 +210,11 @@ class ChatConfig(_Strict):
     tokenize_cache: TokenizeCacheConfig = Field(
         default_factory=TokenizeCacheConfig,
         description="Tokenizing only the part of a prompt its program's last prompt lacks.",
+    )
+    prefix_integrity: PrefixIntegrityConfig = Field(
+        default_factory=PrefixIntegrityConfig,
+        description="Each turn's prompt against what the engine holds for its program: "
+        "breaks counted by cause, and repaired where the server caused them.",
     )
 
     def resolved_chat_template(self) -> str | None:

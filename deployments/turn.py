@@ -42,6 +42,9 @@ class ReplyHead:
     streaming: bool
     body: dict[str, Any] | None = None
     error: ApiError | None = None
+    prefix: dict[str, Any] | None = None
+    """The turn's prompt against the prefix the engine held for its program
+    (`PrefixCheck.as_json`); None when there was nothing to check against."""
 
 
 def is_last_step(request: ChatCompletionRequest) -> bool:

@@ -166,6 +166,23 @@ DASHBOARDS: dict[str, tuple[str, tuple[PanelSpec, ...]]] = {
                 "A turn that extends an earlier prompt tokenizes only what it adds.",
             ),
             PanelSpec(
+                "Returning turns by what their prompt did with the held prefix",
+                "reqps",
+                (_rate("ray_toolserve_prefix_checks_total", "result"),),
+                "held: the prompt started with the program's last prompt and reply; "
+                "repaired: it parted from them where the client sent the reply back "
+                "re-rendered, and the model's own tokens were put back; broken.",
+            ),
+            PanelSpec(
+                "Prefix breaks by cause",
+                "reqps",
+                (_rate("ray_toolserve_prefix_breaks_total", "cause"),),
+                "Why prompts parted from what the engine held for their program: the "
+                "reply re-rendered or its arguments re-serialized (repaired), text "
+                "trimmed or dropped, system prompt or tools changed, history truncated, "
+                "reordered or edited. Every token after the break is computed again.",
+            ),
+            PanelSpec(
                 "Prompt lookup: drafted tokens by region",
                 "ops",
                 (_rate("ray_toolserve_prompt_lookup_drafted_tokens_total", "region"),),

@@ -53,6 +53,23 @@ logger = logging.getLogger("toolserve.ingress")
 
 REPLICA_HEADER = "X-Toolserve-Replica"
 CACHE_HEADER = "X-Toolserve-Cache"
+PREFIX_HEADER = "X-Toolserve-Prefix"
+
+
+def prefix_header(check: dict[str, Any]) -> str:
+    """A turn's prefix check as its response header says it: `held; tokens=N`, or
+    `broken` / `repaired` with the cause, the first divergent position and the
+    held tokens computed again."""
+    position = check["first_divergent_position"]
+    if position is None:
+        return f"held; tokens={check['held_tokens']}"
+    state = "repaired" if check["repaired"] else "broken"
+    return (
+        f"{state}; cause={check['cause']}; position={position}; "
+        f"recomputed={check['tokens_recomputed']}"
+    )
+
+
 # A turn whose replica died before answering is sent again (nothing reached the
 # client yet); the router then picks a live replica.
 _REPLICA_LOSS_RETRIES = 2
@@ -173,6 +190,9 @@ class ChatRoutes(IngressState):
             unavailable = engine_not_ready(f"model replica unavailable: {type(error).__name__}")
             return error_response(unavailable, headers)
         headers[REPLICA_HEADER] = head.replica_id
+        if head.prefix is not None and not to_draft:
+            headers[PREFIX_HEADER] = prefix_header(head.prefix)
+            await self._sessions.record_prefix(program_id, head.prefix, self._tenancy.session_ttl_s)
         self._metrics.latency.observe(time.monotonic() - started, tags={"route": route})
         if head.error is not None:
             turn_ended()

@@ -94,11 +94,16 @@ class SessionRoutes(IngressState):
         self, client_program_id: str, program_id: str, client_parent: str | None
     ) -> dict[str, Any]:
         """A session as the API shows it: `pinned` is its KV's replica, tokens and
-        expiry (Unix seconds) while pinned, else null."""
+        expiry (Unix seconds) while pinned, else null; `prefix` is what its
+        prompts did with the prefix the engine held for them (counts and the last
+        turn's check), null before a returning turn."""
         try:
-            entry = await asyncio.wait_for(self._pins.lookup(program_id), _STATUS_TIMEOUT_S)
+            entry, prefix = await asyncio.wait_for(
+                asyncio.gather(self._pins.lookup(program_id), self._sessions.prefix(program_id)),
+                _STATUS_TIMEOUT_S,
+            )
         except Exception:  # Redis down or slow: the session is still served
-            entry = None
+            entry, prefix = None, None
         pinned = (
             None
             if entry is None
@@ -113,6 +118,7 @@ class SessionRoutes(IngressState):
             "object": "session",
             "parent_id": client_parent,
             "pinned": pinned,
+            "prefix": prefix,
         }
 
     @app.delete("/v1/sessions/{program_id}")

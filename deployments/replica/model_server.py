@@ -34,6 +34,7 @@ from deployments.replica.continuation import (
 )
 from deployments.replica.pinning import EnginePinning, tool_called
 from deployments.replica.prompt_cache.frontend import install_prompt_preparation
+from deployments.replica.prompt_cache.held_turns import PrefixIntegrity, turn_prompt
 from deployments.replica.prompt_lookup import export_prompt_lookup_stats
 from deployments.turn import ReplyHead, ReplyTail, TurnContext, is_last_step
 from toolworkers.call_stream import CALL_CLOSING_MARKERS
@@ -106,6 +107,7 @@ class ModelServer:
         self._detail = "engine is loading"
         self._engine: AsyncLLM | None = None
         self._serving_chat: OpenAIServingChat | None = None
+        self._prefixes: PrefixIntegrity | None = None
         loop = asyncio.get_running_loop()
         self._state_changed = asyncio.Event()
         self._start_task = loop.create_task(self._start_engine())
@@ -178,6 +180,14 @@ class ModelServer:
             supported_tasks=await engine.get_supported_tasks(),
         )
         self._serving_chat = app_state.openai_serving_chat
+        if chat.prefix_integrity.enabled:
+            self._prefixes = PrefixIntegrity(
+                engine,
+                chat.prefix_integrity,
+                chat.tool_call_parser,
+                self._deployment.engine.max_model_len,
+            )
+            self._prefixes.install()
         if self._pinning_settings is not None:
             pinning = EnginePinning(
                 engine,
@@ -253,8 +263,9 @@ class ModelServer:
             parts = self._answer_as_draft(request)
         elif turn is None or not self._continues(request, turn):
             request = _ended_at_its_call(request, self._call_closing)
-            result = await self._create(request)
-            parts = self._answered(result, turn_ended, wants_calls)
+            with turn_prompt(request) as prompt:
+                result = await self._create(request)
+            parts = self._answered(result, turn_ended, wants_calls, prompt.prefix)
         else:
             client_request = request
             request = self._continued_request(request, turn)
@@ -264,7 +275,8 @@ class ModelServer:
             first_round = request.model_dump(mode="json", exclude_unset=True) | {
                 "request_id": request.request_id
             }
-            result = await self._create(request)
+            with turn_prompt(request) as prompt:
+                result = await self._create(request)
             assert self._tools is not None and self._tools_config is not None
             continuation = Continuation(
                 first_round,
@@ -274,7 +286,9 @@ class ModelServer:
                 self._create_from_body,
                 turn_ended,
             )
-            parts = self._continued(result, continuation, client_request, wants_calls)
+            parts = self._continued(
+                result, continuation, client_request, wants_calls, prompt.prefix
+            )
         async for part in parts:
             yield part
 
@@ -305,7 +319,11 @@ class ModelServer:
         return _ended_at_its_call(request, self._call_closing)
 
     async def _answered(
-        self, result: Any, turn_ended: Callable[[str | None], None] | None, wants_calls: bool
+        self,
+        result: Any,
+        turn_ended: Callable[[str | None], None] | None,
+        wants_calls: bool,
+        prefix: dict[str, Any] | None,
     ) -> AsyncIterator[ReplyHead | str | ReplyTail]:
         """A turn the engine answers in one round, as the client asked for it."""
         if isinstance(result, ApiError):
@@ -315,9 +333,9 @@ class ModelServer:
             reply = result.model_dump(mode="json")
             if turn_ended is not None:
                 turn_ended(tool_called(reply))
-            yield ReplyHead(self._replica_id, streaming=False, body=reply)
+            yield ReplyHead(self._replica_id, streaming=False, body=reply, prefix=prefix)
             return
-        yield ReplyHead(self._replica_id, streaming=True)
+        yield ReplyHead(self._replica_id, streaming=True, prefix=prefix)
         calls = ToolCallDeltas() if turn_ended is not None or wants_calls else None
         async for chunk in result:
             if calls is not None:
@@ -335,6 +353,7 @@ class ModelServer:
         continuation: Continuation,
         client_request: ChatCompletionRequest,
         wants_calls: bool,
+        prefix: dict[str, Any] | None,
     ) -> AsyncIterator[ReplyHead | str | ReplyTail]:
         """A continued turn, as the client asked for it: a non-streamed turn the
         engine streamed gets the reply the stream adds up to."""
@@ -343,16 +362,16 @@ class ModelServer:
             return
         if not isinstance(result, AsyncIterator):
             reply = await continuation.reply(result.model_dump(mode="json"))
-            yield ReplyHead(self._replica_id, streaming=False, body=reply)
+            yield ReplyHead(self._replica_id, streaming=False, body=reply, prefix=prefix)
             return
         if not client_request.stream:
             streamed = StreamedReply()
             async for chunk in continuation.stream(result, client_wants_usage=True):
                 streamed.feed_sse(chunk)
-            yield _head_of_streamed_reply(self._replica_id, streamed)
+            yield _head_of_streamed_reply(self._replica_id, streamed, prefix)
             return
         options = client_request.stream_options
-        yield ReplyHead(self._replica_id, streaming=True)
+        yield ReplyHead(self._replica_id, streaming=True, prefix=prefix)
         async for chunk in continuation.stream(
             result,
             client_wants_usage=bool(options and options.include_usage),
@@ -407,7 +426,8 @@ class ModelServer:
             request = ChatCompletionRequest.model_validate(body)
         except ValueError as error:  # pydantic's ValidationError is one
             return ApiError.from_status(400, f"Invalid request: {error}", None)
-        return await self._create(request)
+        with turn_prompt(request):
+            return await self._create(request)
 
     async def _create(self, request: ChatCompletionRequest) -> Any:
         """One request to the engine through vLLM's chat front end: a reply, an
@@ -437,6 +457,8 @@ class ModelServer:
 
     async def end_program(self, program_id: str) -> bool:
         """Releases a program's pinned KV on this replica (the client closed the session)."""
+        if self._prefixes is not None:
+            self._prefixes.forget(program_id)
         if self._pinning is None or self._readiness()[0] is not EngineState.READY:
             return False
         await self._pinning.end_program(program_id)
@@ -467,11 +489,13 @@ class ModelServer:
             self._engine.shutdown()
 
 
-def _head_of_streamed_reply(replica_id: str, streamed: StreamedReply) -> ReplyHead:
+def _head_of_streamed_reply(
+    replica_id: str, streamed: StreamedReply, prefix: dict[str, Any] | None
+) -> ReplyHead:
     """The head of a non-streamed reply assembled from the engine's stream."""
     error = streamed.error
     if error is None:
-        return ReplyHead(replica_id, streaming=False, body=streamed.body())
+        return ReplyHead(replica_id, streaming=False, body=streamed.body(), prefix=prefix)
     api_error = ApiError.from_status(
         int(error.get("code") or 500),
         str(error.get("message") or "the engine's stream failed"),

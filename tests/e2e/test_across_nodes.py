@@ -180,6 +180,34 @@ def _speculate_then_search(endpoints: Endpoints, model: str) -> None:
         pass
 
 
+def _break_a_prefix(endpoints: Endpoints, model: str) -> None:
+    """What the prefix panels show: a program's second turn sent with another
+    system prompt parts from the prefix its replica held."""
+    client = OpenAI(base_url=endpoints.api_base, api_key=API_KEY, max_retries=0, timeout=180)
+    program = f"prefix-{uuid.uuid4().hex[:8]}"
+    question = {"role": "user", "content": "Name a colour."}
+    first = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "system", "content": f"You are agent {program}."}, question],
+        temperature=0,
+        max_tokens=8,
+        extra_headers={SESSION_HEADER: program},
+    )
+    second = client.chat.completions.with_raw_response.create(
+        model=model,
+        messages=[
+            {"role": "system", "content": f"You are agent {program}, now in French."},
+            question,
+            {"role": "assistant", "content": first.choices[0].message.content or ""},
+            {"role": "user", "content": "And another?"},
+        ],
+        temperature=0,
+        max_tokens=8,
+        extra_headers={SESSION_HEADER: program},
+    )
+    assert second.headers["x-toolserve-prefix"].startswith("broken; cause=system_prompt_changed")
+
+
 def _repeat_then_stop_a_call(endpoints: Endpoints, model: str) -> None:
     """What the response-cache and stopped-call panels show: a greedy question
     asked twice (the repeat is answered from the kept reply) and a calculator
@@ -223,6 +251,7 @@ def test_every_dashboard_query_returns_data_on_a_real_prometheus(
         assert all(agent.end(endpoints) == 200 for agent in agents)
         _speculate_then_search(endpoints, model)
         _repeat_then_stop_a_call(endpoints, model)
+        _break_a_prefix(endpoints, model)
         unknown = httpx.post(
             f"{endpoints.api_base}/chat/completions",
             json={"model": "no-such-model", "messages": [{"role": "user", "content": "Hi"}]},

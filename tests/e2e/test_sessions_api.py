@@ -45,7 +45,13 @@ def test_a_fork_shares_its_parents_prefix_and_leaves_its_pin(
     opened = _open(cluster, key, None)
     assert opened.status_code == 200, opened.text
     parent = opened.json()["id"]
-    assert opened.json() == {"id": parent, "object": "session", "parent_id": None, "pinned": None}
+    assert opened.json() == {
+        "id": parent,
+        "object": "session",
+        "parent_id": None,
+        "pinned": None,
+        "prefix": None,
+    }
 
     conversation = [
         {"role": "system", "content": SYSTEM},

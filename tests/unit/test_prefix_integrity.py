@@ -80,6 +80,9 @@ def test_the_first_divergence_is_where_the_prompt_leaves_what_was_held() -> None
     assert first_divergence([1, 2, 3], [1, 9, 3, 4]) == 1
     assert first_divergence([1, 2, 3], [1, 2]) == 2
     assert first_divergence([], [5]) is None
+    long = list(range(5000))
+    for position in (0, 1, 2047, 4999):
+        assert first_divergence(long, [*long[:position], -1, *long[position + 1 :]]) == position
 
 
 @pytest.mark.parametrize(
@@ -148,11 +151,9 @@ def test_changes_before_the_reply_are_named_by_what_changed() -> None:
     edited = [SYSTEM, {"role": "user", "content": "Weather in Rome?"}, *earlier[2:], reply]
     assert cause(edited) is BreakCause.HISTORY_EDITED
     assert cause([*earlier, reply]) is BreakCause.RENDERED_DIFFERENTLY
-    assert cause([*earlier, {"role": "user", "content": "Hello?"}]) is BreakCause.RENDERED_DIFFERENTLY
-    assert (
-        break_cause(held, [*earlier, {"role": "user", "content": "Hello?"}], [WEATHER], 41)
-        is BreakCause.REPLY_MISSING
-    )
+    no_reply = [*earlier, {"role": "user", "content": "Hello?"}]
+    assert cause(no_reply) is BreakCause.RENDERED_DIFFERENTLY
+    assert break_cause(held, no_reply, [WEATHER], 41) is BreakCause.REPLY_MISSING
 
 
 def test_the_repair_splices_the_models_tokens_in_place_of_the_rendered_reply() -> None:
@@ -204,7 +205,10 @@ def test_only_an_equivalent_reply_is_repaired_and_only_within_the_length_limit()
         max_prompt_tokens=100,
     )
     assert whole is not None and not whole.check.broken and whole.check.cause is None
-    assert check_prompt(None, prompt, [], None, end_of_turn_id=END, repair=True, max_prompt_tokens=9) is None
+    nothing_held = check_prompt(
+        None, prompt, [], None, end_of_turn_id=END, repair=True, max_prompt_tokens=9
+    )
+    assert nothing_held is None
 
 
 def test_held_turns_are_bounded_by_the_tokens_they_hold() -> None:
@@ -268,7 +272,7 @@ def test_the_repaired_prompt_is_the_same_conversation_in_the_models_own_tokens(
     assert verdict.check.cause is BreakCause.ASSISTANT_RERENDERED
     assert verdict.check.divergence is not None and verdict.check.divergence >= len(first)
     assert verdict.check.repaired
-    assert verdict.prompt_ids[: len(held.held_ids)] == list(held.held_ids)
+    assert verdict.prompt_ids[: len(held.held_ids)] == held.held_ids
 
     as_written = json.loads(MODEL_TEXT.split("\n", 1)[1].rsplit("\n", 1)[0])["arguments"]
     model_arguments = json.dumps(as_written, indent=4)

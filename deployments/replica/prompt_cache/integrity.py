@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -88,15 +89,15 @@ class HeldTurn:
     sent them. `read_reply` gives the model's tokens as the API returned them; it
     is called only when a prompt has to be told apart from the reply."""
 
-    prompt_ids: tuple[int, ...]
-    output_ids: tuple[int, ...]
-    messages: tuple[Mapping[str, Any], ...]
-    tools: tuple[Mapping[str, Any], ...] | None
+    prompt_ids: Sequence[int]
+    output_ids: Sequence[int]
+    messages: Sequence[Mapping[str, Any]]
+    tools: Sequence[Mapping[str, Any]] | None
     read_reply: Callable[[], Reply]
 
     @property
-    def held_ids(self) -> tuple[int, ...]:
-        return self.prompt_ids + self.output_ids
+    def held_ids(self) -> list[int]:
+        return [*self.prompt_ids, *self.output_ids]
 
 
 @dataclass(frozen=True)
@@ -134,16 +135,23 @@ class PrefixCheck:
 def first_divergence(held: Sequence[int], prompt: Sequence[int]) -> int | None:
     """The first position of `held` that `prompt` does not repeat; None when the
     prompt starts with all of `held`."""
-    for position, (a, b) in enumerate(zip(held, prompt, strict=False)):
-        if a != b:
-            return position
-    return None if len(prompt) >= len(held) else len(prompt)
+    held_ids, prompt_ids = array("i", held), array("i", prompt[: len(held)])
+    if held_ids == prompt_ids:
+        return None
+    # Bisect on whole-slice comparisons, which run in C: the common prefix is
+    # the longest one the two agree on.
+    low, high = 0, min(len(held_ids), len(prompt_ids))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if held_ids[:middle] == prompt_ids[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def _canonical(value: Any) -> str:
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
-    )
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 def _role(message: Mapping[str, Any]) -> str:
@@ -156,9 +164,7 @@ def _text(message: Mapping[str, Any]) -> str | None:
     if content is None or isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(
-            str(part.get("text", "")) for part in content if isinstance(part, Mapping)
-        )
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
     return str(content)
 
 
@@ -211,9 +217,14 @@ def _history_cause(
     now = [_canonical(message) for message in messages]
     if now[: len(before)] == before:
         return None
-    if before and now and _role(earlier[0]) in {"system", "developer"}:
-        if before[0] != now[0] and before[1:] == now[1 : len(before)]:
-            return BreakCause.SYSTEM_PROMPT_CHANGED
+    if (
+        before
+        and now
+        and _role(earlier[0]) in {"system", "developer"}
+        and before[0] != now[0]
+        and before[1:] == now[1 : len(before)]
+    ):
+        return BreakCause.SYSTEM_PROMPT_CHANGED
     if sorted(now[: len(before)]) == sorted(before):
         return BreakCause.HISTORY_REORDERED
     earlier_ones = set(before)
@@ -259,7 +270,7 @@ def repaired_prompt(
     where the prompt does not start with `held`'s prompt or has no end to the
     reply's turn. The caller decides the reply means what the model wrote."""
     start = len(held.prompt_ids)
-    if tuple(prompt_ids[:start]) != held.prompt_ids or not held.output_ids:
+    if list(prompt_ids[:start]) != list(held.prompt_ids) or not held.output_ids:
         return None
     output = list(held.output_ids)
     if end_of_turn_id in output[:-1]:
@@ -284,7 +295,8 @@ class Verdict:
 
 class HeldTurns:
     """Each program's last turn on this engine, least recently used out first,
-    bounded by the tokens held. Thread-safe."""
+    bounded by the tokens held (keep their ids as `array("i")`: 4 bytes each).
+    Thread-safe."""
 
     def __init__(self, max_held_tokens: int):
         self._max_held_tokens = max_held_tokens
