@@ -1088,6 +1088,14 @@ class ContinuationConfig(_Strict):
         description="How long to wait for a client-posted result of a client tool the "
         "model called; 0: use it only when already posted.",
     )
+    stream_client_calls: bool = Field(
+        default=True,
+        description="In a streamed turn, send a call of a tool the client runs (declared, "
+        "not hosted) as the model writes it, as vLLM does, instead of whole at its "
+        "round's end; the round then goes to the client, so a result the client posts "
+        "for that call is not waited for. A request may choose otherwise "
+        "(`toolserve.stream_client_calls`).",
+    )
     partial_execution: bool = Field(
         default=True,
         description="Start a hosted tool that takes partial input (the `python` tool) "

@@ -24,6 +24,8 @@ class TurnContext:
     a speculation against them); otherwise nobody reads them."""
     stop_invalid_calls: bool | None = None
     """The request's own choice; None: the deployment's."""
+    stream_client_calls: bool | None = None
+    """The request's own choice; None: the deployment's."""
 
 
 @dataclass(frozen=True)

@@ -174,6 +174,7 @@ class ChatRoutes(IngressState):
             execute_tools=execute_tools,
             wants_calls=speculation is not None,
             stop_invalid_calls=parsed.options.stop_invalid_calls,
+            stream_client_calls=parsed.options.stream_client_calls,
         )
         turn_ended = (
             _nothing

@@ -31,6 +31,13 @@ class TurnOptions(BaseModel):
         "can no longer be valid and let the model write it again; unset: the "
         "deployment's `tools.continuation.stop_invalid_calls`.",
     )
+    stream_client_calls: bool | None = Field(
+        default=None,
+        description="Stream a call of a tool the client runs as the model writes it "
+        "(the round then goes to the client; a result the client posts for it is not "
+        "waited for); false: hold a streamed round's calls to its end; unset: the "
+        "deployment's `tools.continuation.stream_client_calls`.",
+    )
     retain_for_s: float | None = Field(
         default=None,
         gt=0,

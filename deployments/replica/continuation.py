@@ -9,9 +9,12 @@ What the client receives, documented in the README:
 - non-streaming: the last round's reply, with `usage` summed over the rounds and
   `toolserve.executed_messages`: the assistant tool-call messages and tool
   messages the server added, in order, to insert before the reply's message;
-- streaming: content deltas as they come; tool-call deltas are held until their
-  round ends, then either sent whole (the call goes to the client) or replaced by
-  a chunk whose `toolserve.executed_messages` holds that round's messages.
+- streaming: content deltas as they come. A round whose first call is a client
+  tool's (declared, not hosted) streams its call deltas as the model writes them
+  and goes to the client (`stream_client_calls`); in any other round the
+  tool-call deltas are held until it ends, then either sent whole (the call goes
+  to the client) or replaced by a chunk whose `toolserve.executed_messages` holds
+  that round's messages.
 """
 
 from __future__ import annotations
@@ -63,6 +66,12 @@ def stops_invalid_calls(turn: TurnContext, config: ContinuationConfig) -> bool:
     """Does the turn's continuation stop a call as soon as it cannot be valid?"""
     chosen = turn.stop_invalid_calls
     return config.stop_invalid_calls if chosen is None else chosen
+
+
+def streams_client_calls(turn: TurnContext, config: ContinuationConfig) -> bool:
+    """Does the turn stream a client tool's call as the model writes it?"""
+    chosen = turn.stream_client_calls
+    return config.stream_client_calls if chosen is None else chosen
 
 
 def continuation_possible(tools: Sequence[Any] | None, n: int | None, tool_choice: Any) -> bool:
@@ -204,7 +213,8 @@ class ReplyRound:
 class StreamRound:
     """One round of a streamed reply. `feed` returns what to send on at once:
     every chunk rewritten to the response's id, content deltas as they are,
-    tool-call deltas, the finish chunk, usage and `[DONE]` held back."""
+    tool-call deltas (but those of a round that forwards its calls), the finish
+    chunk, usage and `[DONE]` held back."""
 
     response_id: str
     keep_chunk_usage: bool = True
@@ -212,10 +222,15 @@ class StreamRound:
     accounting (a round stopped early has no final usage), not for the client."""
     scan_calls: bool = False
     """Read the round's calls as they stream (`take_call_events`), not only whole."""
+    client_tools: frozenset[str] = frozenset()
+    """Tools the client runs: a round whose first call is one of theirs forwards
+    its call deltas as they come (`forwards_calls`), and goes to the client."""
     content: str = ""
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     failed: bool = False
+    forwards_calls: bool = False
+    _holds_calls: bool = False
     _calls: ToolCallDeltaParser = field(init=False)
     _new_call_events: list[CallEvent] = field(default_factory=list)
     _finish_chunk: dict[str, Any] | None = None
@@ -261,14 +276,29 @@ class StreamRound:
         """Records the chunk's calls and finish; True when something is left to send."""
         choice = data["choices"][0]
         delta = choice.get("delta") or {}
-        self._new_call_events += self._calls.feed(delta.pop("tool_calls", None) or [])
+        fragments = delta.pop("tool_calls", None) or []
+        self._new_call_events += self._calls.feed(fragments)
+        if fragments and self._forwards(fragments):
+            delta["tool_calls"] = fragments
         self.content += delta.get("content") or ""
         if choice.get("finish_reason") is None:
             return bool(delta)
         self.finish_reason = choice["finish_reason"]
         self._finish_chunk = copy.deepcopy(data)
+        self._finish_chunk["choices"][0]["delta"] = {}
         choice["finish_reason"] = None
-        return bool(delta.get("content"))
+        return bool(delta.get("content") or delta.get("tool_calls"))
+
+    def _forwards(self, fragments: list[dict[str, Any]]) -> bool:
+        """Whether these call fragments go on now: the round's first call decides,
+        by its name, for the whole round."""
+        if not (self.forwards_calls or self._holds_calls):
+            first = (fragments[0].get("function") or {}).get("name")
+            if first in self.client_tools:
+                self.forwards_calls = True
+            elif first:
+                self._holds_calls = True
+        return self.forwards_calls
 
     @property
     def tool_calls(self) -> list[ModelToolCall]:
@@ -298,14 +328,13 @@ class StreamRound:
         """The end of the reply: held tool calls (whole), the finish chunk, the
         usage summed over all rounds when the client asked for it, `[DONE]`."""
         chunks = []
-        if self._calls.assembled:
+        if self._calls.assembled and not self.forwards_calls:
             parts = [
                 {"index": index} | call.as_message_part()
                 for index, call in enumerate(self.tool_calls)
             ]
             chunks.append(sse_event(self._chunk({"tool_calls": parts})))
         if self._finish_chunk is not None:
-            self._finish_chunk["choices"][0]["delta"] = {}
             chunks.append(sse_event(self._finish_chunk))
         if total_usage is not None and self.usage is not None:
             chunks.append(
@@ -467,7 +496,10 @@ class Continuation:
                 if partial is not None or validator is not None:
                     watch = RoundCalls(partial, validator, self._client_tools)
                 current = StreamRound(
-                    response_id, client_wants_chunk_usage, scan_calls=watch is not None
+                    response_id,
+                    client_wants_chunk_usage,
+                    scan_calls=watch is not None,
+                    client_tools=self._streamed_client_tools,
                 )
             else:
                 current = ReplyRound(result)
@@ -490,6 +522,7 @@ class Continuation:
                     and (rejected is not None or calls_complete(current.finish_reason))
                     and calls
                     and round_index <= self._config.max_rounds
+                    and not (isinstance(current, StreamRound) and current.forwards_calls)
                 ):
                     outputs = await self._answer_calls(calls, partial, rejected)
                     if outputs is not None:
@@ -550,6 +583,14 @@ class Continuation:
             if isinstance(tool, dict) and isinstance(tool.get("function"), dict)
         }
         return declared - self._hosted_names
+
+    @functools.cached_property
+    def _streamed_client_tools(self) -> frozenset[str]:
+        """The client tools whose calls stream as they are written (none when the
+        turn holds every call to its round's end)."""
+        if not streams_client_calls(self._turn, self._config):
+            return frozenset()
+        return frozenset(self._client_tools)
 
     @functools.cached_property
     def _hosted_names(self) -> set[str]:

@@ -356,3 +356,63 @@ def test_a_reply_allowed_one_call_ends_where_that_call_closes(
     assert one.choices[0].finish_reason == "tool_calls"
     assert one.usage is not None and both.usage is not None
     assert one.usage.completion_tokens < both.usage.completion_tokens
+
+
+WRITE_FILE: Any = {
+    "type": "function",
+    "function": {
+        "name": "write_file",
+        "description": "Write a text file in the client's workspace.",
+        "parameters": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+            "required": ["path", "content"],
+        },
+    },
+}
+
+
+def test_a_client_tools_call_streams_as_it_is_written_with_continuation_on(
+    client: OpenAI, model_name: str, cluster: Endpoints
+) -> None:
+    """A long call of a client tool, in a turn that also declares a hosted tool
+    (so the server would continue it): the call's arguments arrive in many deltas
+    as the model writes them, and add up to the call the non-streamed turn makes."""
+    text = " ".join(f"Line {n}: the KV cache holds the conversation." for n in range(1, 9))
+    call = json.dumps({"name": "write_file", "arguments": {"path": "notes.txt", "content": text}})
+    calculator = [t for t in _hosted_tools(cluster) if t["function"]["name"] == "calculator"]
+
+    def turn(stream: bool) -> Any:
+        return client.chat.completions.create(
+            model=model_name,
+            messages=[{"role": "user", "content": "Save my notes to notes.txt."}],
+            tools=[WRITE_FILE, *calculator],
+            tool_choice="auto",
+            temperature=0,
+            max_tokens=400,
+            stream=stream,
+            extra_body={"structured_outputs": {"choice": [f"<tool_call>\n{call}\n</tool_call>"]}},
+        )
+
+    whole = turn(stream=False)
+    (expected,) = whole.choices[0].message.tool_calls or []
+    assert "toolserve" not in (whole.model_extra or {}), "the client runs its own tool"
+
+    fragments: list[str] = []
+    name, finish = None, None
+    for chunk in turn(stream=True):
+        assert "toolserve" not in (chunk.model_extra or {})
+        if not chunk.choices:
+            continue
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            assert delta.index == 0
+            if delta.function and delta.function.name:
+                name = delta.function.name
+                assert not fragments, "the name comes first"
+            if delta.function and delta.function.arguments:
+                fragments.append(delta.function.arguments)
+        finish = chunk.choices[0].finish_reason or finish
+    assert name == "write_file" and finish == "tool_calls"
+    print(f"client call: {len(fragments)} argument deltas")
+    assert len(fragments) >= 10, fragments
+    assert json.loads("".join(fragments)) == json.loads(expected.function.arguments)

@@ -439,6 +439,7 @@ def _streamed_call_turn(
     body: dict[str, Any],
     stop_invalid_calls: bool | None = None,
     client_tools: list[dict[str, Any]] | None = None,
+    stream_client_calls: bool | None = None,
 ) -> tuple[list[dict[str, Any] | str], _ScriptedRound, list[dict[str, Any]]]:
     """Streams a turn whose first round writes `fragments` (one token each) and
     whose next round answers; returns the client's events, the first round's
@@ -468,7 +469,10 @@ def _streamed_call_turn(
     continuation = _continuation(create, body, [])
     continuation._body["tools"] += client_tools or []
     continuation._turn = TurnContext(
-        tenant="t", execute_tools=True, stop_invalid_calls=stop_invalid_calls
+        tenant="t",
+        execute_tools=True,
+        stop_invalid_calls=stop_invalid_calls,
+        stream_client_calls=stream_client_calls,
     )
 
     async def collect() -> list[str]:
@@ -512,23 +516,61 @@ def test_a_call_of_an_undeclared_tool_is_stopped_at_its_name() -> None:
     assert "declares no tool 'get_stock_price'" in _tool_message(sent[0])
 
 
-def test_a_declared_client_tools_call_goes_whole_to_the_client() -> None:
-    weather = {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-        },
-    }
-    fragments = _call_fragments(0, "get_weather", '{"city": 7}')
-    events, first, sent = _streamed_call_turn(fragments, BODY, client_tools=[weather])
-    assert not sent and first.sent == len(first.chunks)
-    calls = [
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def _call_deltas(events: list[dict[str, Any] | str]) -> list[list[dict[str, Any]]]:
+    return [
         e["choices"][0]["delta"]["tool_calls"]
         for e in events
         if isinstance(e, dict) and e.get("choices") and e["choices"][0]["delta"].get("tool_calls")
     ]
-    assert calls[0][0]["function"]["arguments"] == '{"city": 7}'
+
+
+def test_a_client_tools_call_streams_as_it_is_written_and_goes_to_the_client() -> None:
+    fragments = _call_fragments(0, "get_weather", '{"city": "Oslo"}')
+    events, first, sent = _streamed_call_turn(fragments, BODY, client_tools=[WEATHER])
+    assert not sent and first.sent == len(first.chunks)
+    deltas = _call_deltas(events)
+    # One event per fragment, as the engine wrote them: the name first, then the
+    # arguments' text; nothing sent again whole at the end.
+    assert deltas == [[fragment] for fragment in fragments]
+    assert "".join(d[0]["function"].get("arguments", "") for d in deltas) == '{"city": "Oslo"}'
+    finishes = [
+        e["choices"][0]["finish_reason"]
+        for e in events
+        if isinstance(e, dict) and e.get("choices") and e["choices"][0]["finish_reason"]
+    ]
+    assert finishes == ["tool_calls"] and events[-1] == "[DONE]"
+
+
+def test_a_declared_client_tools_call_goes_whole_to_the_client_when_held() -> None:
+    fragments = _call_fragments(0, "get_weather", '{"city": 7}')
+    events, first, sent = _streamed_call_turn(
+        fragments, BODY, client_tools=[WEATHER], stream_client_calls=False
+    )
+    assert not sent and first.sent == len(first.chunks)
+    (calls,) = _call_deltas(events)
+    assert calls[0]["function"]["arguments"] == '{"city": 7}'
+
+
+def test_the_rounds_first_call_decides_whether_its_calls_stream() -> None:
+    hosted_first = StreamRound("chatcmpl-abc", client_tools=frozenset({"get_weather"}))
+    client_first = StreamRound("chatcmpl-abc", client_tools=frozenset({"get_weather"}))
+    calculator = _call_fragments(0, "calculator", '{"expression": "6*7"}')
+    weather = _call_fragments(1, "get_weather", '{"city": "Oslo"}')
+    held = [hosted_first.feed(_chunk({"tool_calls": [f]})) for f in calculator + weather]
+    assert not any(held) and not hosted_first.forwards_calls
+    reordered = [{**f, "index": 1 - f["index"]} for f in weather + calculator]
+    sent = [client_first.feed(_chunk({"tool_calls": [f]})) for f in reordered]
+    assert all(sent) and client_first.forwards_calls
+    assert len(client_first.tool_calls) == 2
 
 
 def test_with_stopping_off_the_call_is_written_out_and_run() -> None:
