@@ -113,6 +113,16 @@ def _json_tools(request: ChatCompletionRequest) -> list[Mapping[str, Any]] | Non
     return [tool.model_dump(mode="json", exclude_none=True) for tool in request.tools]
 
 
+def _tokens_asked(request: ChatCompletionRequest, sampling_params: SamplingParams) -> int:
+    """Room a repaired prompt leaves for the reply: the tokens the client asked
+    for; without a limit of its own, one (the front end's default fills the
+    context left by the prompt as sent, and the engine ends the reply where the
+    context ends)."""
+    if request.max_completion_tokens is None and request.max_tokens is None:
+        return 1
+    return sampling_params.max_tokens or 1
+
+
 def _forces_a_call(request: ChatCompletionRequest) -> bool:
     return request.tool_choice == "required" or isinstance(request.tool_choice, BaseModel)
 
@@ -171,8 +181,10 @@ class PrefixIntegrity:
             messages,
             tools,
             end_of_turn_id=self._end_of_turn_id,
-            repair=self._config.repair,
-            max_prompt_tokens=self._max_model_len - (sampling_params.max_tokens or 1),
+            # A reply that echoes the prompt or scores its tokens shows them: it
+            # gets the prompt as the client's messages render it.
+            repair=self._config.repair and not (turn.request.echo or turn.request.prompt_logprobs),
+            max_prompt_tokens=self._max_model_len - _tokens_asked(turn.request, sampling_params),
         )
         if verdict is not None:
             turn.check = verdict.check
