@@ -180,7 +180,8 @@ class ModelServer:
             supported_tasks=await engine.get_supported_tasks(),
         )
         self._serving_chat = app_state.openai_serving_chat
-        if chat.prefix_integrity.enabled:
+        # A draft replica's requests are predictions of programs' turns, not turns.
+        if chat.prefix_integrity.enabled and self._role == "main":
             self._prefixes = PrefixIntegrity(
                 engine,
                 chat.prefix_integrity,
