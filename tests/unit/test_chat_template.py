@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
-
-from cluster.config import load_config
-from cluster.models import EMBEDDED_SCHEME, SMOLLM2, resolve_model
+from transformers import PreTrainedTokenizerBase
 
 TOOLS = [
     {
@@ -33,31 +29,25 @@ CALL = {
 }
 
 
-@pytest.fixture(scope="module")
-def tokenizer() -> PreTrainedTokenizerBase:
-    config = load_config()
-    return AutoTokenizer.from_pretrained(resolve_model(EMBEDDED_SCHEME + SMOLLM2, config.cache_dir))
-
-
-@pytest.fixture(scope="module")
-def template() -> str:
-    path = load_config().main.chat.resolved_chat_template()
-    assert path is not None
-    return Path(path).read_text()
-
-
 def _render(
-    tokenizer: PreTrainedTokenizerBase, template: str, messages: list[Any], **kwargs: Any
+    smollm2_tokenizer: PreTrainedTokenizerBase,
+    tool_template: str,
+    messages: list[Any],
+    **kwargs: Any,
 ) -> str:
     return str(
-        tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, **kwargs)
+        smollm2_tokenizer.apply_chat_template(
+            messages, chat_template=tool_template, tokenize=False, **kwargs
+        )
     )
 
 
 def test_tools_are_listed_in_the_system_turn(
-    tokenizer: PreTrainedTokenizerBase, template: str
+    smollm2_tokenizer: PreTrainedTokenizerBase, tool_template: str
 ) -> None:
-    text = _render(tokenizer, template, [{"role": "user", "content": "hi"}], tools=TOOLS)
+    text = _render(
+        smollm2_tokenizer, tool_template, [{"role": "user", "content": "hi"}], tools=TOOLS
+    )
     system = text.split("<|im_end|>")[0]
     assert system.startswith("<|im_start|>system\n")
     assert json.dumps(TOOLS[0]) in system
@@ -65,11 +55,11 @@ def test_tools_are_listed_in_the_system_turn(
 
 
 def test_without_tools_there_is_no_tool_section(
-    tokenizer: PreTrainedTokenizerBase, template: str
+    smollm2_tokenizer: PreTrainedTokenizerBase, tool_template: str
 ) -> None:
     text = _render(
-        tokenizer,
-        template,
+        smollm2_tokenizer,
+        tool_template,
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
         add_generation_prompt=True,
     )
@@ -81,12 +71,12 @@ def test_without_tools_there_is_no_tool_section(
 
 @pytest.mark.parametrize("arguments", ['{"path": "a.txt"}', {"path": "a.txt"}])
 def test_assistant_tool_calls_render_as_hermes_calls(
-    tokenizer: PreTrainedTokenizerBase, template: str, arguments: Any
+    smollm2_tokenizer: PreTrainedTokenizerBase, tool_template: str, arguments: Any
 ) -> None:
     call = {**CALL, "function": {"name": "read_file", "arguments": arguments}}
     text = _render(
-        tokenizer,
-        template,
+        smollm2_tokenizer,
+        tool_template,
         [
             {"role": "user", "content": "read a"},
             {"role": "assistant", "content": None, "tool_calls": [call]},
@@ -100,7 +90,7 @@ def test_assistant_tool_calls_render_as_hermes_calls(
 
 
 def test_consecutive_tool_results_share_one_turn(
-    tokenizer: PreTrainedTokenizerBase, template: str
+    smollm2_tokenizer: PreTrainedTokenizerBase, tool_template: str
 ) -> None:
     messages = [
         {"role": "user", "content": "read both"},
@@ -108,35 +98,39 @@ def test_consecutive_tool_results_share_one_turn(
         {"role": "tool", "tool_call_id": "call_1", "content": "one"},
         {"role": "tool", "tool_call_id": "call_2", "content": "two"},
     ]
-    text = _render(tokenizer, template, messages, tools=TOOLS, add_generation_prompt=True)
+    text = _render(
+        smollm2_tokenizer, tool_template, messages, tools=TOOLS, add_generation_prompt=True
+    )
     assert text.endswith(
         "<|im_start|>user\n<tool_response>\none\n</tool_response>\n<tool_response>\ntwo\n"
         "</tool_response><|im_end|>\n<|im_start|>assistant\n"
     )
 
 
-def test_content_parts_are_joined(tokenizer: PreTrainedTokenizerBase, template: str) -> None:
+def test_content_parts_are_joined(
+    smollm2_tokenizer: PreTrainedTokenizerBase, tool_template: str
+) -> None:
     parts = [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}]
-    text = _render(tokenizer, template, [{"role": "user", "content": parts}])
+    text = _render(smollm2_tokenizer, tool_template, [{"role": "user", "content": parts}])
     assert "<|im_start|>user\nhello<|im_end|>" in text
 
 
 def test_hermes_parser_reads_back_a_rendered_call(
-    tokenizer: PreTrainedTokenizerBase, template: str
+    smollm2_tokenizer: PreTrainedTokenizerBase, tool_template: str
 ) -> None:
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
 
     prompt = _render(
-        tokenizer,
-        template,
+        smollm2_tokenizer,
+        tool_template,
         [{"role": "user", "content": "read a"}],
         tools=TOOLS,
         add_generation_prompt=True,
     )
     full = _render(
-        tokenizer,
-        template,
+        smollm2_tokenizer,
+        tool_template,
         [
             {"role": "user", "content": "read a"},
             {"role": "assistant", "content": None, "tool_calls": [CALL]},
@@ -147,7 +141,7 @@ def test_hermes_parser_reads_back_a_rendered_call(
     request = ChatCompletionRequest(
         model="m", messages=[{"role": "user", "content": "x"}], tools=TOOLS
     )
-    parsed = Hermes2ProToolParser(tokenizer).extract_tool_calls(completion, request)
+    parsed = Hermes2ProToolParser(smollm2_tokenizer).extract_tool_calls(completion, request)
     assert parsed.tools_called
     assert parsed.tool_calls[0].function.name == "read_file"
     assert json.loads(parsed.tool_calls[0].function.arguments) == {"path": "a.txt"}

@@ -6,14 +6,11 @@ embedded tool template, as the replica does."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
-from cluster.config import load_config
-from cluster.models import EMBEDDED_SCHEME, SMOLLM2, resolve_model
 from deployments.replica.prompt_cache.integrity import (
     BreakCause,
     Call,
@@ -225,32 +222,21 @@ def test_held_turns_are_bounded_by_the_tokens_they_hold() -> None:
     assert len(turns) == 0
 
 
-@pytest.fixture(scope="module")
-def tokenizer() -> PreTrainedTokenizerBase:
-    config = load_config()
-    return AutoTokenizer.from_pretrained(resolve_model(EMBEDDED_SCHEME + SMOLLM2, config.cache_dir))
-
-
-@pytest.fixture(scope="module")
-def template() -> str:
-    path = load_config().main.chat.resolved_chat_template()
-    assert path is not None
-    return Path(path).read_text()
-
-
 def test_the_repaired_prompt_is_the_same_conversation_in_the_models_own_tokens(
-    tokenizer: PreTrainedTokenizerBase, template: str
+    smollm2_tokenizer: PreTrainedTokenizerBase, tool_template: str
 ) -> None:
     """The embedded model writes a call's arguments over several lines, the API
     returns them compact and the template renders them compact: the prefix breaks
     inside the reply; the repaired prompt starts with everything the engine held
     and decodes to the same conversation with the arguments as the model wrote them."""
 
+    tokenizer = smollm2_tokenizer
+
     def ids(messages: list[Any], generation_prompt: bool) -> list[int]:
         rendered = tokenizer.apply_chat_template(
             messages,
             tools=[WEATHER],
-            chat_template=template,
+            chat_template=tool_template,
             tokenize=False,
             add_generation_prompt=generation_prompt,
         )
