@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import pytest
+from client_tools import WEATHER_TOOL
 from transformers import PreTrainedTokenizerBase
 
 from deployments.replica.prompt_cache.integrity import (
@@ -24,26 +25,14 @@ from deployments.replica.prompt_cache.integrity import (
 )
 
 END = 2
-WEATHER: Any = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather for a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+WEATHER = WEATHER_TOOL
 SYSTEM = {"role": "system", "content": "You are a weather assistant."}
 USER = {"role": "user", "content": "What is the weather in Paris?"}
 # What the model wrote, and what vLLM's hermes parser returned for it.
 MODEL_TEXT = (
-    '<tool_call>\n{"name": "get_weather", "arguments": {\n    "city": "Paris",\n'
-    '    "unit": "c"\n}}\n</tool_call>'
+    '<tool_call>\n{"name": "get_weather", "arguments": {\n    "city": "Paris"\n}}\n</tool_call>'
 )
-API_CALL = Call("get_weather", '{"city": "Paris", "unit": "c"}')
+API_CALL = Call("get_weather", '{"city": "Paris"}')
 TOOL_RESULT = {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 18}'}
 
 
@@ -87,7 +76,7 @@ def test_the_first_divergence_is_where_the_prompt_leaves_what_was_held() -> None
     [
         (_assistant(None, API_CALL), BreakCause.ASSISTANT_RERENDERED),
         (
-            _assistant(None, Call("get_weather", '{"unit":"c","city":"Paris"}')),
+            _assistant(None, Call("get_weather", '{"city":"Paris"}')),
             BreakCause.TOOL_ARGUMENTS_RESERIALIZED,
         ),
         (_assistant(None, Call("get_weather", '{"city": "Rome"}')), BreakCause.REPLY_EDITED),
