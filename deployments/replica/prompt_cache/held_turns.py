@@ -103,6 +103,17 @@ class PrefixMetrics:
             self._recomputed.inc(check.tokens_recomputed)
 
 
+@dataclass(frozen=True)
+class HeldTurnParts:
+    """What a program's request leaves to keep once the engine has answered it."""
+
+    program_id: str
+    prompt_ids: list[int]
+    messages: list[Mapping[str, Any]]
+    tools: list[Mapping[str, Any]] | None
+    request: ChatCompletionRequest
+
+
 def _json_messages(request: ChatCompletionRequest) -> list[Mapping[str, Any]]:
     return [dict(message) for message in request.messages]
 
@@ -202,15 +213,14 @@ class PrefixIntegrity:
             # so the next prompt goes unchecked rather than misnamed.
             self._held.forget(program_id)
             return outputs
-        return self._kept(outputs, program_id, prompt_ids, sampling_params, turn.request)
+        kept = HeldTurnParts(program_id, prompt_ids, messages, tools, turn.request)
+        return self._kept(outputs, kept, sampling_params)
 
     async def _kept(
         self,
         outputs: AsyncIterator[RequestOutput],
-        program_id: str,
-        prompt_ids: list[int],
+        turn: HeldTurnParts,
         sampling_params: SamplingParams,
-        request: ChatCompletionRequest,
     ) -> AsyncIterator[RequestOutput]:
         """The engine's outputs, passed on; once the request finishes, the program's
         turn is kept (a request abandoned midway leaves no turn to check against)."""
@@ -232,17 +242,17 @@ class PrefixIntegrity:
         finally:
             if finished and output_ids:
                 self._held.put(
-                    program_id,
+                    turn.program_id,
                     HeldTurn(
-                        array("i", prompt_ids),
+                        array("i", turn.prompt_ids),
                         output_ids,
-                        _json_messages(request),
-                        _json_tools(request),
-                        lambda: self._reply(output_ids, request),
+                        turn.messages,
+                        turn.tools,
+                        lambda: self._reply(output_ids, turn.request),
                     ),
                 )
             else:
-                self._held.forget(program_id)
+                self._held.forget(turn.program_id)
 
     def _reply(self, output_ids: array[int], request: ChatCompletionRequest) -> Reply:
         """The model's tokens as the API returned them: its text and calls as the
