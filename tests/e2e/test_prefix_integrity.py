@@ -1,7 +1,7 @@
 """Prefix integrity through the whole cluster, with the `openai` SDK handing the
 assistant's message back as agents do. The model writes its call's arguments over
-several lines (its text fixed by structured outputs, as SmolLM2 often writes
-them); the API returns them compact and the chat template renders them compact,
+several lines (a call forced by `tool_choice`, which vLLM holds to the hermes
+format); the API returns them compact and the chat template renders them compact,
 so the next prompt parts from what the engine holds inside the reply. The replica
 says so (header, session, metrics) and puts the model's own tokens back: the
 engine serves the whole last turn from its prefix cache. A changed system prompt
@@ -9,6 +9,7 @@ is a break the replica names and leaves alone."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
@@ -24,9 +25,21 @@ from cluster.launch.launcher import Endpoints
 pytestmark = pytest.mark.e2e
 
 PREFIX_HEADER = "x-toolserve-prefix"
-CALL_AS_WRITTEN = (
-    '<tool_call>\n{"name": "get_weather", "arguments": {\n    "city": "Paris"\n}}\n</tool_call>'
-)
+WEATHER_WITH_NOTE: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city, with a note on what to look for.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "note": {"type": "string", "maxLength": 400},
+            },
+            "required": ["city", "note"],
+        },
+    },
+}
 
 
 def _turn(
@@ -37,20 +50,24 @@ def _turn(
     tool: dict[str, Any],
     **extra: Any,
 ) -> Any:
+    options: dict[str, Any] = {"tool_choice": "auto"} | extra
     return client.chat.completions.with_raw_response.create(
         model=model_name,
         messages=messages,
         tools=[tool],  # type: ignore[list-item]
-        tool_choice="auto",
         temperature=0,
-        max_tokens=48,
+        max_tokens=160,
         extra_headers={"X-Session-ID": session},
-        **extra,
+        **options,
     )
 
 
-def _prefix_of(cluster: Endpoints, session: str) -> Any:
-    view = httpx.get(f"{cluster.api_base}/sessions/{session}", timeout=30)
+def _prefix_of(client: OpenAI, cluster: Endpoints, session: str) -> Any:
+    view = httpx.get(
+        f"{cluster.api_base}/sessions/{session}",
+        headers={"Authorization": f"Bearer {client.api_key}"},
+        timeout=30,
+    )
     assert view.status_code == 200, view.text
     return view.json()["prefix"]
 
@@ -65,8 +82,8 @@ def test_a_reply_sent_back_as_the_api_returned_it_keeps_the_engines_prefix(
     model_name: str,
     cluster: Endpoints,
     cluster_config: ToolserveConfig,
-    weather_tool: dict[str, Any],
 ) -> None:
+    weather_tool = WEATHER_WITH_NOTE
     session = f"prefix-{uuid.uuid4().hex[:8]}"
     messages: list[Any] = [
         {"role": "system", "content": f"You are weather agent {session}."},
@@ -80,12 +97,14 @@ def test_a_reply_sent_back_as_the_api_returned_it_keeps_the_engines_prefix(
         messages,
         session,
         weather_tool,
-        extra_body={"structured_outputs": {"choice": [CALL_AS_WRITTEN]}},
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
     )
     assert PREFIX_HEADER not in first.headers, "nothing was held for a new program"
     reply = first.parse().choices[0].message
     (call,) = reply.tool_calls or []
-    assert call.function.arguments == '{"city": "Paris"}', "the API re-serializes arguments"
+    arguments = json.loads(call.function.arguments)
+    assert set(arguments) == {"city", "note"}
+    assert call.function.arguments == json.dumps(arguments), "the API re-serializes arguments"
 
     messages += [
         reply.model_dump(exclude_none=True),
@@ -95,7 +114,7 @@ def test_a_reply_sent_back_as_the_api_returned_it_keeps_the_engines_prefix(
     header = second.headers[PREFIX_HEADER]
     assert header.startswith("repaired; cause=assistant_rerendered; position="), header
     assert header.endswith("; recomputed=0"), header
-    prefix = _prefix_of(cluster, session)
+    prefix = _prefix_of(client, cluster, session)
     assert {key: prefix[key] for key in ("checked_turns", "breaks", "repaired")} == {
         "checked_turns": 1,
         "breaks": 1,
@@ -110,8 +129,10 @@ def test_a_reply_sent_back_as_the_api_returned_it_keeps_the_engines_prefix(
     assert usage is not None and usage.prompt_tokens_details is not None
     cached = usage.prompt_tokens_details.cached_tokens or 0
     block = cluster_config.main.engine.block_size
+    divergent_block = last["first_divergent_position"] // block
+    assert (last["held_tokens"] - 1) // block > divergent_block, ("reply too short", last)
     assert cached >= last["held_tokens"] - block, (cached, last)
-    assert cached > last["first_divergent_position"], "without the repair the cache ends there"
+    assert cached > divergent_block * block, "without the repair the cache ends there"
 
     changed = [{"role": "system", "content": f"You are weather agent {session}, in Lyon."}]
     streamed = _turn(
@@ -125,7 +146,7 @@ def test_a_reply_sent_back_as_the_api_returned_it_keeps_the_engines_prefix(
     header = streamed.headers[PREFIX_HEADER]
     assert header.startswith("broken; cause=system_prompt_changed; position="), header
     assert list(streamed.parse()), "the turn still streams"
-    prefix = _prefix_of(cluster, session)
+    prefix = _prefix_of(client, cluster, session)
     assert prefix["checked_turns"] == 2 and prefix["breaks"] == 2 and prefix["repaired"] == 1
     assert prefix["tokens_recomputed"] > 0
 

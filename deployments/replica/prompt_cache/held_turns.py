@@ -11,6 +11,7 @@ request it sends through the front end.
 
 from __future__ import annotations
 
+import copy
 import logging
 from array import array
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -43,10 +44,14 @@ logger = logging.getLogger("toolserve.prefix_integrity")
 
 @dataclass
 class TurnPrompt:
-    """A request on its way through the front end; `check` is what its prompt was
-    found to be against its program's last turn (None: nothing to check against)."""
+    """A request on its way through the front end, with its messages and tools as
+    the client sent them (the front end rewrites calls' arguments in place while
+    it renders); `check` is what its prompt was found to be against its program's
+    last turn (None: nothing to check against)."""
 
     request: ChatCompletionRequest
+    messages: list[Mapping[str, Any]]
+    tools: list[Mapping[str, Any]] | None
     check: PrefixCheck | None = None
 
     @property
@@ -60,7 +65,7 @@ TURN_PROMPT: ContextVar[TurnPrompt | None] = ContextVar("toolserve_turn_prompt",
 @contextmanager
 def turn_prompt(request: ChatCompletionRequest) -> Iterator[TurnPrompt]:
     """Marks the request the front end is preparing, for the engine's `generate`."""
-    turn = TurnPrompt(request)
+    turn = TurnPrompt(request, _json_messages(request), _json_tools(request))
     token = TURN_PROMPT.set(turn)
     try:
         yield turn
@@ -115,7 +120,7 @@ class HeldTurnParts:
 
 
 def _json_messages(request: ChatCompletionRequest) -> list[Mapping[str, Any]]:
-    return [dict(message) for message in request.messages]
+    return copy.deepcopy([dict(message) for message in request.messages])
 
 
 def _json_tools(request: ChatCompletionRequest) -> list[Mapping[str, Any]] | None:
@@ -151,7 +156,6 @@ class PrefixIntegrity:
     ):
         self._engine = engine
         self._config = config
-        self._tool_call_parser = tool_call_parser
         self._max_model_len = max_model_len
         self._held = HeldTurns(config.max_held_tokens)
         self._metrics = PrefixMetrics()
@@ -159,6 +163,12 @@ class PrefixIntegrity:
         tokenizer = engine.renderer.get_tokenizer()
         self._tokenizer = tokenizer
         self._end_of_turn_id: int | None = getattr(tokenizer, "eos_token_id", None)
+        from vllm.tool_parsers.abstract_tool_parser import ToolParserManager
+
+        self._parser_class = ToolParserManager.get_tool_parser(tool_call_parser)
+        # vLLM forces a call through the parser's own format where the parser has
+        # structural tags, else as bare JSON arguments.
+        self._forced_calls_are_bare = bool(self._parser_class.supports_required_and_named)
 
     def install(self) -> None:
         self._engine.generate = self.generate
@@ -184,7 +194,7 @@ class PrefixIntegrity:
             or getattr(sampling_params, "n", 1) != 1
         ):
             return self._generate(prompt, sampling_params, request_id, *args, **kwargs)
-        messages, tools = _json_messages(turn.request), _json_tools(turn.request)
+        messages, tools = turn.messages, turn.tools
         prompt_ids = prompt["prompt_token_ids"]
         verdict = check_prompt(
             self._held.get(program_id),
@@ -206,11 +216,14 @@ class PrefixIntegrity:
                 } | {"prompt_token_ids": verdict.prompt_ids}
                 prompt_ids = verdict.prompt_ids
         outputs = self._generate(prompt, sampling_params, request_id, *args, **kwargs)
-        if is_last_step(turn.request) or _forces_a_call(turn.request):
+        if is_last_step(turn.request) or (
+            self._forced_calls_are_bare and _forces_a_call(turn.request)
+        ):
             # No next turn to check; or the model writes a forced call's bare
-            # arguments, not the template's call format: its tokens cannot stand
-            # for the rendered reply, and its calls are not the parser's to read,
-            # so the next prompt goes unchecked rather than misnamed.
+            # arguments, not the template's call format (a parser without
+            # structural tags): its tokens cannot stand for the rendered reply,
+            # and its calls are not the parser's to read, so the next prompt goes
+            # unchecked rather than misnamed.
             self._held.forget(program_id)
             return outputs
         kept = HeldTurnParts(program_id, prompt_ids, messages, tools, turn.request)
@@ -257,15 +270,11 @@ class PrefixIntegrity:
     def _reply(self, output_ids: array[int], request: ChatCompletionRequest) -> Reply:
         """The model's tokens as the API returned them: its text and calls as the
         front end's tool parser reads them."""
-        from vllm.tool_parsers.abstract_tool_parser import ToolParserManager
-
         text = self._tokenizer.decode(list(output_ids), skip_special_tokens=True)
         if not request.tools:
             return Reply(text)
         try:
-            parser = ToolParserManager.get_tool_parser(self._tool_call_parser)(
-                self._tokenizer, request.tools
-            )
+            parser = self._parser_class(self._tokenizer, request.tools)
             found = parser.extract_tool_calls(text, request)
         except Exception:  # a parser that cannot read it: the reply is its text
             logger.debug("tool parser could not read a kept reply", exc_info=True)
