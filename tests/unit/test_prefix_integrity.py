@@ -259,3 +259,58 @@ def test_the_repaired_prompt_is_the_same_conversation_in_the_models_own_tokens(
         TOOL_RESULT,
     ]
     assert tokenizer.decode(verdict.prompt_ids) == tokenizer.decode(ids(in_model_words, True))
+
+
+def test_every_earlier_reply_stays_in_the_models_tokens_turn_after_turn(
+    smollm2_tokenizer: PreTrainedTokenizerBase, tool_template: str
+) -> None:
+    """Three turns, each reply sent back compact: each prompt is checked against
+    the one the engine ran before (its replies already repaired), so each starts
+    with all the engine held, and the last decodes to the conversation with every
+    call as the model wrote it."""
+    tokenizer = smollm2_tokenizer
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def ids(messages: list[Any]) -> list[int]:
+        rendered = tokenizer.apply_chat_template(
+            messages,
+            tools=[WEATHER],
+            chat_template=tool_template,
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+
+    cities = ["Paris", "Rome", "Oslo"]
+    sent: list[Any] = [SYSTEM, USER]
+    in_model_words: list[Any] = [SYSTEM, USER]
+    held: HeldTurn | None = None
+    for turn, city in enumerate(cities):
+        rendered = ids(sent)
+        verdict = check_prompt(
+            held, rendered, sent, [WEATHER], end_of_turn_id=end, repair=True, max_prompt_tokens=4096
+        )
+        ran = rendered if verdict is None else verdict.prompt_ids
+        if held is not None:
+            assert verdict is not None and verdict.check.repaired, (turn, verdict)
+            assert ran[: len(held.held_ids)] == held.held_ids
+        assert tokenizer.decode(ran) == tokenizer.decode(ids(in_model_words))
+        written = json.dumps({"city": city}, indent=4)
+        text = f'<tool_call>\n{{"name": "get_weather", "arguments": {written}}}\n</tool_call>'
+        output = [*tokenizer(text, add_special_tokens=False)["input_ids"], end]
+        returned = Call("get_weather", json.dumps({"city": city}))
+        held = HeldTurn(
+            ran,
+            output,
+            list(sent),
+            [WEATHER],
+            lambda returned=returned: Reply(None, (returned,)),
+            None if ran == rendered else rendered,
+        )
+        result = {"role": "tool", "tool_call_id": "call_1", "content": f"18 C in {city}"}
+        sent = [*sent, _assistant(None, returned), result]
+        in_model_words = [
+            *in_model_words,
+            _assistant(None, Call("get_weather", written)),
+            result,
+        ]

@@ -114,6 +114,7 @@ class HeldTurnParts:
 
     program_id: str
     prompt_ids: list[int]
+    rendered_prompt_ids: list[int] | None
     messages: list[Mapping[str, Any]]
     tools: list[Mapping[str, Any]] | None
     request: ChatCompletionRequest
@@ -196,6 +197,7 @@ class PrefixIntegrity:
             return self._generate(prompt, sampling_params, request_id, *args, **kwargs)
         messages, tools = turn.messages, turn.tools
         prompt_ids = prompt["prompt_token_ids"]
+        rendered_ids: list[int] | None = None
         verdict = check_prompt(
             self._held.get(program_id),
             prompt_ids,
@@ -210,11 +212,11 @@ class PrefixIntegrity:
         if verdict is not None:
             turn.check = verdict.check
             self._metrics.checked(verdict.check)
-            if verdict.check.repaired:
+            if verdict.rewritten:
                 prompt = {
                     key: value for key, value in prompt.items() if key != "prompt_token_offsets"
                 } | {"prompt_token_ids": verdict.prompt_ids}
-                prompt_ids = verdict.prompt_ids
+                rendered_ids, prompt_ids = prompt_ids, verdict.prompt_ids
         outputs = self._generate(prompt, sampling_params, request_id, *args, **kwargs)
         if is_last_step(turn.request) or (
             self._forced_calls_are_bare and _forces_a_call(turn.request)
@@ -226,7 +228,7 @@ class PrefixIntegrity:
             # unchecked rather than misnamed.
             self._held.forget(program_id)
             return outputs
-        kept = HeldTurnParts(program_id, prompt_ids, messages, tools, turn.request)
+        kept = HeldTurnParts(program_id, prompt_ids, rendered_ids, messages, tools, turn.request)
         return self._kept(outputs, kept, sampling_params)
 
     async def _kept(
@@ -262,6 +264,9 @@ class PrefixIntegrity:
                         turn.messages,
                         turn.tools,
                         lambda: self._reply(output_ids, turn.request),
+                        None
+                        if turn.rendered_prompt_ids is None
+                        else array("i", turn.rendered_prompt_ids),
                     ),
                 )
             else:

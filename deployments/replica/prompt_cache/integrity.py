@@ -94,6 +94,9 @@ class HeldTurn:
     messages: Sequence[Mapping[str, Any]]
     tools: Sequence[Mapping[str, Any]] | None
     read_reply: Callable[[], Reply]
+    rendered_prompt_ids: Sequence[int] | None = None
+    """The prompt as the front end rendered it, where the engine ran another (its
+    earlier replies in the model's own tokens); None: the same."""
 
     @property
     def held_ids(self) -> list[int]:
@@ -286,11 +289,24 @@ def repaired_prompt(
 
 @dataclass(frozen=True)
 class Verdict:
-    """A prompt checked: what was found, and the prompt to run (the repaired one,
-    or the prompt as it came)."""
+    """A prompt checked: what was found, and the prompt to run; `rewritten` when
+    that is not the prompt as it came (a repair, or earlier ones carried on)."""
 
     check: PrefixCheck
     prompt_ids: list[int]
+    rewritten: bool = False
+
+
+def carried_repairs(held: HeldTurn, prompt_ids: Sequence[int]) -> list[int] | None:
+    """The prompt with the earlier turns' repairs carried on: where it starts with
+    the last prompt as the front end rendered it, that part as the engine ran it.
+    None where there is nothing to carry (no repair, or another start)."""
+    rendered = held.rendered_prompt_ids
+    if rendered is None or len(prompt_ids) < len(rendered):
+        return None
+    if array("i", prompt_ids[: len(rendered)]) != array("i", rendered):
+        return None
+    return [*held.prompt_ids, *prompt_ids[len(rendered) :]]
 
 
 class HeldTurns:
@@ -316,7 +332,7 @@ class HeldTurns:
             return self._turns.get(program_id)
 
     def put(self, program_id: str, turn: HeldTurn) -> None:
-        size = len(turn.prompt_ids) + len(turn.output_ids)
+        size = _held_size(turn)
         with self._lock:
             self._drop(program_id)
             if size > self._max_held_tokens:
@@ -333,7 +349,11 @@ class HeldTurns:
     def _drop(self, program_id: str) -> None:
         turn = self._turns.pop(program_id, None)
         if turn is not None:
-            self._held_tokens -= len(turn.prompt_ids) + len(turn.output_ids)
+            self._held_tokens -= _held_size(turn)
+
+
+def _held_size(turn: HeldTurn) -> int:
+    return len(turn.prompt_ids) + len(turn.output_ids) + len(turn.rendered_prompt_ids or ())
 
 
 def check_prompt(
@@ -352,15 +372,20 @@ def check_prompt(
     `max_prompt_tokens`."""
     if held is None:
         return None
+    as_sent = list(prompt_ids)
+    carried = carried_repairs(held, as_sent) if repair else None
+    if carried is not None and len(carried) > max_prompt_tokens:
+        carried = None
+    prompt = as_sent if carried is None else carried
     held_ids = held.held_ids
-    divergence = first_divergence(held_ids, prompt_ids)
+    divergence = first_divergence(held_ids, prompt)
     if divergence is None:
-        return Verdict(PrefixCheck(len(held_ids), None, None), list(prompt_ids))
+        return Verdict(PrefixCheck(len(held_ids), None, None), prompt, carried is not None)
     cause = break_cause(held, messages, tools, divergence)
-    found = PrefixCheck(len(held_ids), divergence, cause)
+    found = Verdict(PrefixCheck(len(held_ids), divergence, cause), prompt, carried is not None)
     if not repair or cause not in REPAIRABLE_CAUSES or end_of_turn_id is None:
-        return Verdict(found, list(prompt_ids))
-    repaired = repaired_prompt(held, prompt_ids, end_of_turn_id)
+        return found
+    repaired = repaired_prompt(held, prompt, end_of_turn_id)
     if repaired is None or len(repaired) > max_prompt_tokens:
-        return Verdict(found, list(prompt_ids))
-    return Verdict(PrefixCheck(len(held_ids), divergence, cause, repaired=True), repaired)
+        return found
+    return Verdict(PrefixCheck(len(held_ids), divergence, cause, repaired=True), repaired, True)
