@@ -211,6 +211,20 @@ def test_held_turns_are_bounded_by_the_tokens_they_hold() -> None:
     assert len(turns) == 0
 
 
+def _prompt_ids(
+    tokenizer: PreTrainedTokenizerBase, template: str, messages: list[Any]
+) -> list[int]:
+    """A conversation's prompt as the replica's front end renders and tokenizes it."""
+    rendered = tokenizer.apply_chat_template(
+        messages,
+        tools=[WEATHER],
+        chat_template=template,
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+
+
 def test_the_repaired_prompt_is_the_same_conversation_in_the_models_own_tokens(
     smollm2_tokenizer: PreTrainedTokenizerBase, tool_template: str
 ) -> None:
@@ -221,24 +235,17 @@ def test_the_repaired_prompt_is_the_same_conversation_in_the_models_own_tokens(
 
     tokenizer = smollm2_tokenizer
 
-    def ids(messages: list[Any], generation_prompt: bool) -> list[int]:
-        rendered = tokenizer.apply_chat_template(
-            messages,
-            tools=[WEATHER],
-            chat_template=tool_template,
-            tokenize=False,
-            add_generation_prompt=generation_prompt,
-        )
-        return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    def ids(messages: list[Any]) -> list[int]:
+        return _prompt_ids(tokenizer, tool_template, messages)
 
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    first = ids([SYSTEM, USER], True)
+    first = ids([SYSTEM, USER])
     output = [*tokenizer(MODEL_TEXT, add_special_tokens=False)["input_ids"], end]
     held = HeldTurn(
         tuple(first), tuple(output), (SYSTEM, USER), (WEATHER,), lambda: Reply(None, (API_CALL,))
     )
     returned = [SYSTEM, USER, _assistant(None, API_CALL), TOOL_RESULT]
-    prompt = ids(returned, True)
+    prompt = ids(returned)
 
     verdict = check_prompt(
         held, prompt, returned, [WEATHER], end_of_turn_id=end, repair=True, max_prompt_tokens=4096
@@ -258,7 +265,7 @@ def test_the_repaired_prompt_is_the_same_conversation_in_the_models_own_tokens(
         _assistant(None, Call("get_weather", model_arguments)),
         TOOL_RESULT,
     ]
-    assert tokenizer.decode(verdict.prompt_ids) == tokenizer.decode(ids(in_model_words, True))
+    assert tokenizer.decode(verdict.prompt_ids) == tokenizer.decode(ids(in_model_words))
 
 
 def test_every_earlier_reply_stays_in_the_models_tokens_turn_after_turn(
@@ -272,14 +279,7 @@ def test_every_earlier_reply_stays_in_the_models_tokens_turn_after_turn(
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     def ids(messages: list[Any]) -> list[int]:
-        rendered = tokenizer.apply_chat_template(
-            messages,
-            tools=[WEATHER],
-            chat_template=tool_template,
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+        return _prompt_ids(tokenizer, tool_template, messages)
 
     cities = ["Paris", "Rome", "Oslo"]
     sent: list[Any] = [SYSTEM, USER]
