@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from cluster.openai_protocol import message_tool_calls
 from toolworkers.cache_keys import ArgumentsError, canonical_arguments
 
 
@@ -172,14 +173,7 @@ def _text(message: Mapping[str, Any]) -> str | None:
 
 
 def _calls(message: Mapping[str, Any]) -> tuple[Call, ...]:
-    calls = []
-    for call in message.get("tool_calls") or ():
-        function = call.get("function") or {}
-        arguments = function.get("arguments")
-        if not isinstance(arguments, str):
-            arguments = _canonical(arguments if arguments is not None else {})
-        calls.append(Call(str(function.get("name", "")), arguments))
-    return tuple(calls)
+    return tuple(Call(call.name, call.arguments) for call in message_tool_calls(dict(message)))
 
 
 def _same_calls(a: Sequence[Call], b: Sequence[Call]) -> bool:
