@@ -34,7 +34,7 @@ from deployments.replica.continuation import (
 )
 from deployments.replica.pinning import EnginePinning, tool_called
 from deployments.replica.prompt_cache.frontend import install_prompt_preparation
-from deployments.replica.prompt_cache.held_turns import PrefixIntegrity, turn_prompt
+from deployments.replica.prompt_cache.held_turns import PrefixIntegrity, watched_prompt
 from deployments.replica.prompt_lookup import export_prompt_lookup_stats
 from deployments.turn import ReplyHead, ReplyTail, TurnContext, is_last_step
 from toolworkers.call_stream import CALL_CLOSING_MARKERS
@@ -264,9 +264,11 @@ class ModelServer:
             parts = self._answer_as_draft(request)
         elif turn is None or not self._continues(request, turn):
             request = _ended_at_its_call(request, self._call_closing)
-            with turn_prompt(request) as prompt:
+            with watched_prompt(self._prefixes, request) as prompt:
                 result = await self._create(request)
-            parts = self._answered(result, turn_ended, wants_calls, prompt.prefix)
+            parts = self._answered(
+                result, turn_ended, wants_calls, None if prompt is None else prompt.prefix
+            )
         else:
             client_request = request
             request = self._continued_request(request, turn)
@@ -276,7 +278,7 @@ class ModelServer:
             first_round = request.model_dump(mode="json", exclude_unset=True) | {
                 "request_id": request.request_id
             }
-            with turn_prompt(request) as prompt:
+            with watched_prompt(self._prefixes, request) as prompt:
                 result = await self._create(request)
             assert self._tools is not None and self._tools_config is not None
             continuation = Continuation(
@@ -288,7 +290,11 @@ class ModelServer:
                 turn_ended,
             )
             parts = self._continued(
-                result, continuation, client_request, wants_calls, prompt.prefix
+                result,
+                continuation,
+                client_request,
+                wants_calls,
+                None if prompt is None else prompt.prefix,
             )
         async for part in parts:
             yield part
@@ -427,7 +433,7 @@ class ModelServer:
             request = ChatCompletionRequest.model_validate(body)
         except ValueError as error:  # pydantic's ValidationError is one
             return ApiError.from_status(400, f"Invalid request: {error}", None)
-        with turn_prompt(request):
+        with watched_prompt(self._prefixes, request):
             return await self._create(request)
 
     async def _create(self, request: ChatCompletionRequest) -> Any:

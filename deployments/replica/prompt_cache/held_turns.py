@@ -15,7 +15,7 @@ import copy
 import logging
 from array import array
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -71,6 +71,16 @@ def turn_prompt(request: ChatCompletionRequest) -> Iterator[TurnPrompt]:
         yield turn
     finally:
         TURN_PROMPT.reset(token)
+
+
+def watched_prompt(
+    prefixes: PrefixIntegrity | None, request: ChatCompletionRequest
+) -> AbstractContextManager[TurnPrompt | None]:
+    """`turn_prompt` for a program's request on a replica that checks prefixes;
+    nothing (and no copy of the conversation) for any other."""
+    if prefixes is None or not request.session_id:
+        return nullcontext(None)
+    return turn_prompt(request)
 
 
 class PrefixMetrics:
@@ -198,17 +208,23 @@ class PrefixIntegrity:
         messages, tools = turn.messages, turn.tools
         prompt_ids = prompt["prompt_token_ids"]
         rendered_ids: list[int] | None = None
-        verdict = check_prompt(
-            self._held.get(program_id),
-            prompt_ids,
-            messages,
-            tools,
-            end_of_turn_id=self._end_of_turn_id,
-            # A reply that echoes the prompt or scores its tokens shows them: it
-            # gets the prompt as the client's messages render it.
-            repair=self._config.repair and not (turn.request.echo or turn.request.prompt_logprobs),
-            max_prompt_tokens=self._max_model_len - _tokens_asked(turn.request, sampling_params),
-        )
+        try:
+            verdict = check_prompt(
+                self._held.get(program_id),
+                prompt_ids,
+                messages,
+                tools,
+                end_of_turn_id=self._end_of_turn_id,
+                # A reply that echoes the prompt or scores its tokens shows them:
+                # it gets the prompt as the client's messages render it.
+                repair=self._config.repair
+                and not (turn.request.echo or turn.request.prompt_logprobs),
+                max_prompt_tokens=self._max_model_len
+                - _tokens_asked(turn.request, sampling_params),
+            )
+        except Exception:  # a check that fails leaves the turn as the client sent it
+            logger.exception("prefix check of %s failed", program_id)
+            verdict = None
         if verdict is not None:
             turn.check = verdict.check
             self._metrics.checked(verdict.check)
