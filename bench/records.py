@@ -44,6 +44,11 @@ class RequestRecord:
     first_token_s: float | None = None
     """Seconds from sending to the first generated token (streamed replies; None
     otherwise, and in records written before it was recorded)."""
+    prefix: str | None = None
+    """The server's check of the prompt against what it held for the program
+    (`X-Toolserve-Prefix`), where it made one."""
+    server_ran_calls: int = 0
+    """Calls the server ran itself within the request (hosted tools)."""
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": "request", **asdict(self)}

@@ -17,6 +17,7 @@ from bench.metrics import (
     mean_tool_latency_by_program,
     time_saved_by_tool_latency,
 )
+from bench.prefix_hold import HELD_TARGET
 from bench.records import RECORDS_FILE, ProgramRecord, RequestRecord
 from bench.workloads.hot_path import ADDED
 
@@ -264,6 +265,58 @@ def _time_to_first_result(row: dict[str, Any]) -> str:
     return _format(row.get("mean_s"), " s") + (
         f" ({_format(tool, ' s')} {row['tool']})" if tool is not None else ""
     )
+
+
+def _prefix_hold(summary: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, figures in summary["systems"].items():
+        hold = figures.get("prefix_hold")
+        if not hold:
+            continue
+        for kind, row in [("all", hold["all"]), *hold["by_agent_type"].items()]:
+            checks = ", ".join(
+                f"{outcome} {count}" for outcome, count in row["prefix_checks"].items()
+            )
+            rows.append(
+                [
+                    name,
+                    kind,
+                    str(row["returning_requests"]),
+                    f"{_percent(row['held_share_mean'])} (min {_percent(row['held_share_min'])})",
+                    _percent(row["at_target_share"]),
+                    _percent(row["held_share_of_blocks_mean"]),
+                    _format(row["recomputed_tokens_mean"], digits=0),
+                    checks or "n/a",
+                ]
+            )
+    if not rows:
+        return []
+    return [
+        "## Prefix held per returning request",
+        "",
+        *markdown_table(
+            [
+                "system",
+                "agent kind",
+                "returning requests",
+                "previous prompt+reply from cache",
+                f"requests at {HELD_TARGET:.0%}",
+                "of its full blocks",
+                "prompt tokens computed per request",
+                "server's prefix checks",
+            ],
+            rows,
+        ),
+        "",
+        "Per request after a program's first: the cached prompt tokens the server "
+        "reported (`usage.prompt_tokens_details.cached_tokens`, read off the wire under "
+        "each client library) over the previous request's prompt and reply (the context "
+        "the engine held; a block cache keeps only its full blocks, next column). "
+        "Where the server ran tools within the previous request its usage sums several "
+        "rounds: such requests count in the token column, not in the shares. Server's "
+        "prefix checks: `X-Toolserve-Prefix` outcomes by cause.",
+        "",
+    ]
 
 
 def _client_stalls(summary: dict[str, Any]) -> list[str]:
@@ -813,6 +866,7 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         "that were malformed, named an unknown tool, had arguments the tool rejected, "
         "or did not come where one was required.",
         "",
+        *_prefix_hold(summary),
         *_time_saved_by_agent_type(summary),
         *jct_ratio_by_agent_type_lines(summary.get("jct_ratio_by_agent_type", [])),
         *_first_tool_result(summary),

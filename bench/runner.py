@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.client_agents import run_client_agents
 from bench.cpu import ProcessTreeCpu
 from bench.dashboards import DashboardCapture
 from bench.driver import run_workload
@@ -256,7 +257,18 @@ def _run_arm(
         cpu.start()
         run_figures: dict[str, float] = {}
         try:
-            if plan.hot_path:
+            if plan.client_agents:
+                result = asyncio.run(
+                    run_client_agents(
+                        plan.client_agents,
+                        options.seed,
+                        endpoint.base_url,
+                        settings.served_model_name,
+                        label,
+                        round_index,
+                    )
+                )
+            elif plan.hot_path:
                 result, run_figures = asyncio.run(
                     run_hot_path(
                         plan.hot_path,

@@ -22,6 +22,7 @@ from bench.metrics import (
 )
 from bench.options import BenchOptions, parse_system
 from bench.peer import AIPERF_FIGURES
+from bench.prefix_hold import prefix_hold
 from bench.provenance import Provenance
 from bench.records import ClientStall, ProgramRecord, RequestRecord
 from bench.stats import STATISTICS, bootstrap, overlap_speedup_bound, paired_ratio
@@ -206,6 +207,11 @@ def summarize(
             **(
                 {"hot_path": _by_round(arm, hot_path_figures, lambda run: run.run_figures)}
                 if hot_path_config
+                else {}
+            ),
+            **(
+                {"prefix_hold": prefix_hold(arm.requests, settings.block_size)}
+                if plan.client_agents
                 else {}
             ),
         }

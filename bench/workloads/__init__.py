@@ -7,6 +7,7 @@ from collections.abc import Callable
 from bench.workloads.aiperf import aiperf_multi_turn_plan
 from bench.workloads.bfcl import bfcl_plan
 from bench.workloads.bfcl_speculation import bfcl_speculation_plan
+from bench.workloads.client_agents import client_agents_plan
 from bench.workloads.codegen import codegen_plan
 from bench.workloads.conveyor import conveyor_plan
 from bench.workloads.hot_path import burst_plan, hot_path_plan, repeated_prompt_plan
@@ -32,6 +33,7 @@ WORKLOADS: dict[str, Callable[[Size], WorkloadPlan]] = {
     "repeated-prompt": repeated_prompt_plan,
     "burst": burst_plan,
     "conveyor": conveyor_plan,
+    "client-agents": client_agents_plan,
 }
 
 

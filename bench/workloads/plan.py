@@ -12,6 +12,7 @@ from bench.workloads.program import AgentProgram
 if TYPE_CHECKING:
     # Both modules plan workloads of their own with this type.
     from bench.workloads.aiperf import AiperfWorkload
+    from bench.workloads.client_agents import ClientAgentsConfig
     from bench.workloads.hot_path import HotPathConfig
 
 Size = Literal["quick", "default"]
@@ -41,6 +42,9 @@ class WorkloadPlan:
     hot_path: HotPathConfig | None = None
     """Phases of one-token completions sent instead of programs (`build` is then
     empty)."""
+    client_agents: ClientAgentsConfig | None = None
+    """Agents written with client libraries, which send their own requests
+    (`build` is then empty)."""
     programs: int | None = None
     """Programs a round, where the workload is sized by their count (`--programs`
     sets it)."""
