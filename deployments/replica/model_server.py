@@ -286,7 +286,7 @@ class ModelServer:
                 turn,
                 self._tools,
                 self._tools_config.continuation,
-                self._create_from_body,
+                lambda body: self._create_from_body(body, len(first_round["messages"])),
                 turn_ended,
             )
             parts = self._continued(
@@ -425,15 +425,17 @@ class ModelServer:
             async for chunk in result:
                 yield chunk.replace(served, renamed, 1)
 
-    async def _create_from_body(self, body: dict[str, Any]) -> Any:
-        """`_create` for a request the replica built itself (a continuation round)."""
+    async def _create_from_body(self, body: dict[str, Any], client_messages: int) -> Any:
+        """`_create` for a request the replica built itself (a continuation round),
+        whose messages after the first `client_messages` the server added."""
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
         try:
             request = ChatCompletionRequest.model_validate(body)
         except ValueError as error:  # pydantic's ValidationError is one
             return ApiError.from_status(400, f"Invalid request: {error}", None)
-        with watched_prompt(self._prefixes, request):
+        server_added = len(body["messages"]) - client_messages
+        with watched_prompt(self._prefixes, request, server_added):
             return await self._create(request)
 
     async def _create(self, request: ChatCompletionRequest) -> Any:

@@ -159,3 +159,49 @@ def test_a_reply_sent_back_as_the_api_returned_it_keeps_the_engines_prefix(
         time.sleep(2)
     assert _breaks(cluster, "assistant_rerendered", "true") > rerendered_before
     assert _breaks(cluster, "system_prompt_changed", "false") >= 1
+
+
+def test_the_hosted_rounds_a_library_leaves_out_are_put_back(
+    client: OpenAI, model_name: str, cluster: Endpoints, cluster_config: ToolserveConfig
+) -> None:
+    """The server runs a hosted calculator call and the model answers; the client
+    keeps only the answer, as openai-agents and langchain-openai do. The next
+    turn is repaired: the server's call and result go back before the answer."""
+    tools = httpx.get(
+        f"{cluster.api_base}/tools",
+        headers={"Authorization": f"Bearer {client.api_key}"},
+        timeout=30,
+    ).json()["data"]
+    calculator = next(tool for tool in tools if tool["function"]["name"] == "calculator")
+    session = f"rounds-{uuid.uuid4().hex[:8]}"
+    messages: list[Any] = [
+        {"role": "system", "content": f"You are shop assistant {session}. Use the calculator."},
+        {"role": "user", "content": "What do 3 lamps at 24.50 euros cost?"},
+    ]
+    first = _turn(
+        client,
+        model_name,
+        messages,
+        session,
+        calculator,
+        tool_choice={"type": "function", "function": {"name": "calculator"}},
+    )
+    answered = first.parse()
+    assert answered.model_extra and answered.model_extra["toolserve"]["executed_messages"]
+    reply = answered.choices[0].message
+    assert not reply.tool_calls and reply.content, "the server ran the call and continued"
+
+    messages += [
+        {"role": "assistant", "content": reply.content},
+        {"role": "user", "content": "And 4 lamps?"},
+    ]
+    second = _turn(client, model_name, messages, session, calculator, tool_choice="none")
+    header = second.headers[PREFIX_HEADER]
+    assert header.startswith("repaired; cause=server_rounds_left_out; position="), header
+    last = _prefix_of(client, cluster, session)["last"]
+    usage = second.parse().usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    cached = usage.prompt_tokens_details.cached_tokens or 0
+    block = cluster_config.main.engine.block_size
+    assert cached >= last["held_tokens"] - block, (cached, last)
+    assert cached > last["first_divergent_position"] // block * block, "the rounds came from cache"

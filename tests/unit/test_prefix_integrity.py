@@ -314,3 +314,56 @@ def test_every_earlier_reply_stays_in_the_models_tokens_turn_after_turn(
             _assistant(None, Call("get_weather", written)),
             result,
         ]
+
+
+def test_the_rounds_the_server_ran_go_back_where_a_library_left_them_out(
+    smollm2_tokenizer: PreTrainedTokenizerBase, tool_template: str
+) -> None:
+    """The server ran a hosted call and the model answered; the library keeps only
+    the answer. The next prompt gets the server's call and result back before the
+    answer (what the model read when it wrote it), in the model's own tokens, so
+    it starts with everything the engine held; a client that edited the answer,
+    or a held turn the client's messages wrote entirely, is not repaired."""
+    tokenizer = smollm2_tokenizer
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def ids(messages: list[Any]) -> list[int]:
+        return _prompt_ids(tokenizer, tool_template, messages)
+
+    answer = "It is 18 degrees in Paris."
+    executed = [_assistant(None, API_CALL), TOOL_RESULT]
+    last_round = [SYSTEM, USER, *executed]
+    run = ids(last_round)
+    output = [*tokenizer(answer, add_special_tokens=False)["input_ids"], end]
+    held = HeldTurn(
+        run, output, last_round, [WEATHER], lambda: Reply(answer), server_added=len(executed)
+    )
+    follow_up = {"role": "user", "content": "And tomorrow?"}
+    kept_by_library = [SYSTEM, USER, _assistant(answer), follow_up]
+    prompt = ids(kept_by_library)
+
+    verdict = check_prompt(
+        held, prompt, kept_by_library, [WEATHER], end_of_turn_id=end, repair=True,
+        max_prompt_tokens=4096,
+    )  # fmt: skip
+    assert verdict is not None and verdict.check.repaired
+    assert verdict.check.cause is BreakCause.SERVER_ROUNDS_LEFT_OUT
+    assert verdict.prompt_ids[: len(held.held_ids)] == held.held_ids
+    as_the_model_read_it = [*last_round, _assistant(answer), follow_up]
+    assert tokenizer.decode(verdict.prompt_ids) == tokenizer.decode(ids(as_the_model_read_it))
+
+    edited = [SYSTEM, USER, _assistant("It is warm."), follow_up]
+    verdict = check_prompt(
+        held, ids(edited), edited, [WEATHER], end_of_turn_id=end, repair=True,
+        max_prompt_tokens=4096,
+    )  # fmt: skip
+    assert verdict is not None and not verdict.check.repaired
+    assert verdict.check.cause is not BreakCause.SERVER_ROUNDS_LEFT_OUT
+
+    written_by_client = HeldTurn(run, output, last_round, [WEATHER], lambda: Reply(answer))
+    verdict = check_prompt(
+        written_by_client, prompt, kept_by_library, [WEATHER], end_of_turn_id=end,
+        repair=True, max_prompt_tokens=4096,
+    )  # fmt: skip
+    assert verdict is not None and not verdict.check.repaired
+    assert verdict.check.cause is BreakCause.HISTORY_TRUNCATED

@@ -52,6 +52,9 @@ class TurnPrompt:
     request: ChatCompletionRequest
     messages: list[Mapping[str, Any]]
     tools: list[Mapping[str, Any]] | None
+    server_added: int = 0
+    """Messages at the end of `messages` the server added (a continued request's
+    calls and their results)."""
     check: PrefixCheck | None = None
 
     @property
@@ -63,9 +66,9 @@ TURN_PROMPT: ContextVar[TurnPrompt | None] = ContextVar("toolserve_turn_prompt",
 
 
 @contextmanager
-def turn_prompt(request: ChatCompletionRequest) -> Iterator[TurnPrompt]:
+def turn_prompt(request: ChatCompletionRequest, server_added: int = 0) -> Iterator[TurnPrompt]:
     """Marks the request the front end is preparing, for the engine's `generate`."""
-    turn = TurnPrompt(request, _json_messages(request), _json_tools(request))
+    turn = TurnPrompt(request, _json_messages(request), _json_tools(request), server_added)
     token = TURN_PROMPT.set(turn)
     try:
         yield turn
@@ -74,13 +77,13 @@ def turn_prompt(request: ChatCompletionRequest) -> Iterator[TurnPrompt]:
 
 
 def watched_prompt(
-    prefixes: PrefixIntegrity | None, request: ChatCompletionRequest
+    prefixes: PrefixIntegrity | None, request: ChatCompletionRequest, server_added: int = 0
 ) -> AbstractContextManager[TurnPrompt | None]:
     """`turn_prompt` for a program's request on a replica that checks prefixes;
     nothing (and no copy of the conversation) for any other."""
     if prefixes is None or not request.session_id:
         return nullcontext(None)
-    return turn_prompt(request)
+    return turn_prompt(request, server_added)
 
 
 class PrefixMetrics:
@@ -128,6 +131,7 @@ class HeldTurnParts:
     messages: list[Mapping[str, Any]]
     tools: list[Mapping[str, Any]] | None
     request: ChatCompletionRequest
+    server_added: int
 
 
 def _json_messages(request: ChatCompletionRequest) -> list[Mapping[str, Any]]:
@@ -244,7 +248,9 @@ class PrefixIntegrity:
             # unchecked rather than misnamed.
             self._held.forget(program_id)
             return outputs
-        kept = HeldTurnParts(program_id, prompt_ids, rendered_ids, messages, tools, turn.request)
+        kept = HeldTurnParts(
+            program_id, prompt_ids, rendered_ids, messages, tools, turn.request, turn.server_added
+        )
         return self._kept(outputs, kept, sampling_params)
 
     async def _kept(
@@ -283,6 +289,7 @@ class PrefixIntegrity:
                         None
                         if turn.rendered_prompt_ids is None
                         else array("i", turn.rendered_prompt_ids),
+                        turn.server_added,
                     ),
                 )
             else:

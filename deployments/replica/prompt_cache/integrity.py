@@ -54,17 +54,22 @@ class BreakCause(StrEnum):
     RENDERED_DIFFERENTLY = "rendered_differently"
     """The same messages and tools, rendered into other tokens (a template that
     puts the date or a random id in the prompt)."""
+    SERVER_ROUNDS_LEFT_OUT = "server_rounds_left_out"
+    """The calls the server ran and their results (`toolserve.executed_messages`)
+    left out before the reply, as client libraries that keep only the reply do."""
 
 
-REPAIRABLE_CAUSES = frozenset(
+REPLY_EQUIVALENT_CAUSES = frozenset(
     {
         BreakCause.ASSISTANT_RERENDERED,
         BreakCause.TOOL_ARGUMENTS_RESERIALIZED,
         BreakCause.CONTENT_TRIMMED,
     }
 )
-"""Causes where the message sent back means what the model wrote: the model's own
-tokens may stand for it."""
+"""How a reply sent back may differ from what the model wrote and still mean it."""
+REPAIRABLE_CAUSES = REPLY_EQUIVALENT_CAUSES | {BreakCause.SERVER_ROUNDS_LEFT_OUT}
+"""Causes the server repairs: the model's own tokens stand for a reply that means
+what it wrote; the rounds the server ran itself go back before it."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,14 @@ class HeldTurn:
     rendered_prompt_ids: Sequence[int] | None = None
     """The prompt as the front end rendered it, where the engine ran another (its
     earlier replies in the model's own tokens); None: the same."""
+    server_added: int = 0
+    """How many of `messages`, at their end, the server added itself (the calls it
+    ran and their results, in a continued request's later rounds)."""
+
+    @property
+    def client_messages(self) -> Sequence[Mapping[str, Any]]:
+        """`messages` as the client sent them, without those the server added."""
+        return self.messages[: len(self.messages) - self.server_added]
 
     @property
     def held_ids(self) -> list[int]:
@@ -247,6 +260,14 @@ def break_cause(
     client sent then and now."""
     if _canonical(list(tools or ())) != _canonical(list(held.tools or ())):
         return BreakCause.TOOLS_CHANGED
+    if held.server_added and _history_cause(held.client_messages, messages) is None:
+        following = messages[len(held.client_messages) : len(held.client_messages) + 1]
+        if (
+            following
+            and _role(following[0]) == "assistant"
+            and reply_cause(following[0], held.read_reply()) in REPLY_EQUIVALENT_CAUSES
+        ):
+            return BreakCause.SERVER_ROUNDS_LEFT_OUT
     history = _history_cause(held.messages, messages)
     if history is not None:
         return history
@@ -259,15 +280,25 @@ def break_cause(
 
 
 def repaired_prompt(
-    held: HeldTurn, prompt_ids: Sequence[int], end_of_turn_id: int
+    held: HeldTurn, prompt_ids: Sequence[int], end_of_turn_id: int, reply_from: int | None = None
 ) -> list[int] | None:
     """The prompt with the model's own tokens in place of the rendering of the
     reply that follows `held`'s prompt: `held`'s prompt, the model's tokens closed
     by `end_of_turn_id`, then the prompt from the end of that reply's turn. None
     where the prompt does not start with `held`'s prompt or has no end to the
-    reply's turn. The caller decides the reply means what the model wrote."""
-    start = len(held.prompt_ids)
-    if list(prompt_ids[:start]) != list(held.prompt_ids) or not held.output_ids:
+    reply's turn. The caller decides the reply means what the model wrote.
+
+    `reply_from`: where in the prompt the reply's turn is, where the prompt has
+    it before the end of `held`'s prompt (the client left out the rounds the
+    server ran, which `held`'s prompt ends with): the prompt must repeat `held`'s
+    up to there, where every turn of the client's messages before the reply has
+    ended, and the reply's turn ends at the first end of turn from there."""
+    start = len(held.prompt_ids) if reply_from is None else reply_from
+    if list(prompt_ids[:start]) != list(held.prompt_ids[:start]) or not held.output_ids:
+        return None
+    if reply_from is not None and list(prompt_ids[:start]).count(end_of_turn_id) != len(
+        held.client_messages
+    ):
         return None
     output = list(held.output_ids)
     if end_of_turn_id in output[:-1]:
@@ -379,7 +410,8 @@ def check_prompt(
     found = Verdict(PrefixCheck(len(held_ids), divergence, cause), prompt, carried is not None)
     if not repair or cause not in REPAIRABLE_CAUSES or end_of_turn_id is None:
         return found
-    repaired = repaired_prompt(held, prompt, end_of_turn_id)
+    reply_from = divergence if cause is BreakCause.SERVER_ROUNDS_LEFT_OUT else None
+    repaired = repaired_prompt(held, prompt, end_of_turn_id, reply_from)
     if repaired is None or len(repaired) > max_prompt_tokens:
         return found
     return Verdict(PrefixCheck(len(held_ids), divergence, cause, repaired=True), repaired, True)
