@@ -63,6 +63,8 @@ def test_a_request_record_is_the_programs_latest_turn() -> None:
         "replica": "replica-1",
         "first_result_s": 0.4,
         "first_token_s": 0.2,
+        "prefix": None,
+        "server_ran_calls": 0,
     }
 
 

@@ -388,7 +388,9 @@ def test_codegen_program_alternates_script_and_explanation() -> None:
 def test_every_workload_builds_deterministically(name: str, size: str) -> None:
     plan = plan_workload(name, size)  # type: ignore[arg-type]
     programs = plan.build(0)
-    assert programs or plan.peer or plan.hot_path, "only AIPerf and the hot path send no programs"
+    assert programs or plan.peer or plan.hot_path or plan.client_agents, (
+        "only AIPerf, the hot path and client libraries send no programs of the harness"
+    )
     assert [p.program_id for p in programs] == [p.program_id for p in plan.build(0)]
     assert plan.kv_cache_mib > 0 and plan.max_model_len >= 2048
 
