@@ -1161,6 +1161,12 @@ class SpeculationConfig(_Strict):
     expensive_min_confidence: float = Field(
         default=0.8, ge=0, le=1, description="Least confidence to speculate an expensive tool."
     )
+    ledger_ttl_s: float = Field(
+        default=7 * 24 * 3600.0,
+        gt=0,
+        description="How long a tenant's speculation ledger (runs used and discarded, "
+        "their tool CPU and draft tokens; `GET /v1/tools`) is kept after its last turn.",
+    )
 
 
 class ToolsConfig(_Strict):
