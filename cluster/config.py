@@ -296,8 +296,15 @@ class PinningConfig(_Strict):
     min_tool_samples: int = Field(
         default=5,
         ge=1,
-        description="Observed durations of a tool before its own are used (before "
-        "that, every tool's together).",
+        description="Observed durations a distribution needs before the cost model "
+        "prices pins from it (before that, the next one of `durations_by`'s order).",
+    )
+    durations_by: Literal["tool", "single"] = Field(
+        default="tool",
+        description="Whose durations price a pin in `cost_model` mode. `tool`: the tool "
+        "the turn called, as its tenant's calls of it took; with too few of those, the "
+        "program's own returns, then the tool's across tenants, then every tool's. "
+        "`single`: every tool's together (one distribution).",
     )
     sample_window: int = Field(
         default=256,
