@@ -433,6 +433,28 @@ FRONT_END_FIGURES = (
 )
 
 
+# toolserve's KV retention (other systems pin nothing): figure -> label value.
+RETENTION_FIGURES = {"pinned_token_s_used": "used", "pinned_token_s_wasted": "wasted"}
+
+
+def retention_work(before_text: str, after_text: str) -> dict[str, float | None]:
+    """Context tokens times seconds pins held between two scrapes: used (the
+    program came back to its pin) and wasted (released otherwise); None where the
+    system reports no pins."""
+    counter = "toolserve_kv_pinned_token_seconds"
+    selectors = {
+        figure: _CounterSelector((f"{counter}_total", f"ray_{counter}_total"), "outcome", outcome)
+        for figure, outcome in RETENTION_FIGURES.items()
+    }
+    before = _summed_counters(before_text, selectors)
+    after = _summed_counters(after_text, selectors)
+    if not after:
+        return dict.fromkeys(RETENTION_FIGURES)
+    return {
+        figure: after.get(figure, 0.0) - before.get(figure, 0.0) for figure in RETENTION_FIGURES
+    }
+
+
 def _front_end_counters(metrics_text: str) -> dict[str, float]:
     return _summed_counters(
         metrics_text,

@@ -319,6 +319,42 @@ def _prefix_hold(summary: dict[str, Any]) -> list[str]:
     ]
 
 
+def _retention(summary: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, figures in summary["systems"].items():
+        work = figures.get("work") or {}
+        used = (work.get("pinned_token_s_used") or {}).get("mean")
+        wasted = (work.get("pinned_token_s_wasted") or {}).get("mean")
+        if used is None or wasted is None:
+            continue
+        held = used + wasted
+        rows.append(
+            [
+                name,
+                f"{used:,.0f}",
+                f"{wasted:,.0f}",
+                f"{wasted / held:.0%}" if held else "n/a",
+                _percent(figures.get("pinned_kv_reuse_rate")),
+            ]
+        )
+    if not rows:
+        return []
+    return [
+        "## KV retention (mean per round)",
+        "",
+        "Context tokens times seconds the engines kept programs' KV pinned "
+        "(`toolserve_kv_pinned_token_seconds`): used when the program came back to its "
+        "pin, wasted when the pin went otherwise (expired, displaced, moved, or the "
+        "program ended first).",
+        "",
+        *markdown_table(
+            ["system", "pinned token-s used", "wasted", "wasted share", "pinned-KV reuse"],
+            rows,
+        ),
+        "",
+    ]
+
+
 def _client_stalls(summary: dict[str, Any]) -> list[str]:
     measured = {
         name: figures
@@ -824,6 +860,7 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         *_peer_report(summary),
         *_hot_path(summary),
         *_work(summary),
+        *_retention(summary),
         *_client_stalls(summary),
         *_memory_pressure(summary),
         "## Hit rates",

@@ -24,6 +24,7 @@ from bench.metrics import (
     hosted_tool_runs,
     kv_cache_size_tokens,
     reported_rates,
+    retention_work,
 )
 from bench.options import BenchOptions, arms_of, parse_system
 from bench.peer import aiperf_report_figures, run_aiperf
@@ -333,7 +334,8 @@ def _run_arm(
         startup_s=startup,
         rates=reported_rates(metrics_after, returning_turns),
         work=engine_work(metrics_before, metrics_after)
-        | front_end_work(metrics_before, metrics_after),
+        | front_end_work(metrics_before, metrics_after)
+        | retention_work(metrics_before, metrics_after),
         cpu=cpu_use,
         kv_cache_tokens=kv_cache_size_tokens(metrics_after),
         run_figures=run_figures,

@@ -15,6 +15,7 @@ from bench.metrics import (
     ENGINE_COUNTERS,
     FRONT_END_FIGURES,
     RATE_NAMES,
+    RETENTION_FIGURES,
     jct_without_client_stalls,
     mean_jct_by_program,
     system_figures,
@@ -114,7 +115,13 @@ def _work(arm: ArmRuns) -> dict[str, Any]:
     """Engine counters, CPU seconds and the chat front end's CPU per prompt."""
     return _by_round(
         arm,
-        [*ENGINE_COUNTERS, "cpu_total_s", "cpu_engine_s", *FRONT_END_FIGURES],
+        [
+            *ENGINE_COUNTERS,
+            "cpu_total_s",
+            "cpu_engine_s",
+            *FRONT_END_FIGURES,
+            *RETENTION_FIGURES,
+        ],
         lambda run: run.work | run.cpu.as_json(),
     )
 

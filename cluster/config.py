@@ -296,8 +296,15 @@ class PinningConfig(_Strict):
     min_tool_samples: int = Field(
         default=5,
         ge=1,
-        description="Observed durations of a tool before its own are used (before "
-        "that, every tool's together).",
+        description="Observed durations a distribution needs before the cost model "
+        "prices pins from it (before that, the next one of `durations_by`'s order).",
+    )
+    durations_by: Literal["tool", "single"] = Field(
+        default="tool",
+        description="Whose durations price a pin in `cost_model` mode. `tool`: the tool "
+        "the turn called, as its tenant's calls of it took; with too few of those, the "
+        "program's own returns, then the tool's across tenants, then every tool's. "
+        "`single`: every tool's together (one distribution).",
     )
     sample_window: int = Field(
         default=256,
@@ -1160,6 +1167,12 @@ class SpeculationConfig(_Strict):
     )
     expensive_min_confidence: float = Field(
         default=0.8, ge=0, le=1, description="Least confidence to speculate an expensive tool."
+    )
+    ledger_ttl_s: float = Field(
+        default=7 * 24 * 3600.0,
+        gt=0,
+        description="How long a tenant's speculation ledger (runs used and discarded, "
+        "their tool CPU and draft tokens; `GET /v1/tools`) is kept after its last turn.",
     )
 
 

@@ -42,6 +42,9 @@ class ToolResult:
     error_kind: str | None
     duration_s: float
     state: str | None = None
+    cpu_s: float | None = None
+    """CPU seconds the call's process (and any it started) used, as it reported
+    them; None where it did not (killed, or never started)."""
 
     def for_model(self) -> str:
         return self.output if self.ok else f"error: {self.output}"
@@ -281,9 +284,14 @@ class _SandboxedChild:
         self.pid: int | None = None
 
     def result(
-        self, ok: bool, output: str, error_kind: str | None, state: str | None = None
+        self,
+        ok: bool,
+        output: str,
+        error_kind: str | None,
+        state: str | None = None,
+        cpu_s: float | None = None,
     ) -> ToolResult:
-        return ToolResult(ok, output, error_kind, time.monotonic() - self._started, state)
+        return ToolResult(ok, output, error_kind, time.monotonic() - self._started, state, cpu_s)
 
     async def start(self, stdin_descriptor: int) -> ToolResult | None:
         """Starts the child; a failure's result, or None once it runs."""
@@ -335,7 +343,11 @@ class _SandboxedChild:
         try:
             reply = json.loads(output)
             return self.result(
-                bool(reply["ok"]), str(reply["output"]), reply.get("error_kind"), reply.get("state")
+                bool(reply["ok"]),
+                str(reply["output"]),
+                reply.get("error_kind"),
+                reply.get("state"),
+                reply.get("cpu_s"),
             )
         except (ValueError, KeyError, TypeError):
             error_kind, reason = _exit_description(status, stderr_tail)

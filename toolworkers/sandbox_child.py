@@ -278,6 +278,15 @@ def _run_partial(
     return _failure("abandoned", "the call's arguments never finished")
 
 
+def _cpu_seconds() -> float:
+    """This process's CPU time since the zygote forked it, and its children's."""
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def main() -> None:
     request = json.loads(sys.stdin.buffer.readline())
     try:
@@ -295,5 +304,6 @@ def main() -> None:
         result = _run(request, iter(sys.stdin.buffer.readline, b""))
     except MemoryError:
         result = _failure("memory_limit", "the tool ran out of memory")
+    result["cpu_s"] = _cpu_seconds()
     json.dump(result, result_stream)
     result_stream.flush()

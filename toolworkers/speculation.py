@@ -81,6 +81,42 @@ class SpeculationPolicy:
             return self._config.moderate_min_confidence
         return 0.0
 
+    def describe(self, name: str) -> dict[str, Any] | None:
+        """A hosted tool's speculation policy, as `GET /v1/tools` shows it (None
+        for a tool the deployment does not host)."""
+        tool = self._registry.get(name)
+        if tool is None:
+            return None
+        spec = tool.spec
+        on_guess = self._config.enabled and spec.side_effect_free
+        if not spec.side_effect_free:
+            why = "it has side effects: it runs only once the model has written its call"
+        elif not self._config.enabled:
+            why = "speculation is off in this deployment"
+        elif spec.reads_state_only:
+            why = (
+                "it only reads its program's state: a guessed run is used only while "
+                "that state is unchanged"
+            )
+        else:
+            why = "it is declared side-effect-free (read-only, idempotent)"
+        sources = [
+            source
+            for source, used in (
+                ("learned", self._config.learned),
+                (DRAFT_SOURCE, self._config.draft_predictions > 0),
+            )
+            if used
+        ]
+        return {
+            "runs_on_a_guess": on_guess,
+            "why": why,
+            "cost_class": str(spec.cost_class),
+            "min_confidence": self._threshold(spec.cost_class) if on_guess else None,
+            "predicted_from": sources if on_guess else [],
+            "predictions_learned_per": "tenant",
+        }
+
     def asks_draft(self, learned_chosen: list[PredictedCall]) -> bool:
         """Whether the turn is worth the draft's model time, given the learned
         predictions already started."""
@@ -133,3 +169,72 @@ def observed_calls(calls: list[ModelToolCall]) -> list[ObservedCall]:
     return calls_in_history(
         [{"role": "assistant", "tool_calls": [c.as_message_part() for c in calls]}]
     )
+
+
+TURNS = "turns"
+DRAFT_TOKENS = "draft_tokens"
+LEDGER_OUTCOMES = ("issued", "used", "discarded")
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """What one turn's speculation adds to its tenant's ledger, as counter
+    increments by field: `turns`, `{tool}|issued`, `{tool}|used`,
+    `{tool}|discarded`, `{tool}|cpu_ms_used`, `{tool}|cpu_ms_discarded`,
+    `draft_tokens|used`, `draft_tokens|discarded`."""
+
+    increments: dict[str, int]
+
+
+def turn_entry(settlement: Settlement, draft_tokens: int) -> LedgerEntry:
+    """A settled turn: one turn, each speculation by its tool used or discarded,
+    and the draft model's tokens for it, used when one of the draft's
+    predictions was (else they bought nothing)."""
+    increments: Counter[str] = Counter({TURNS: 1})
+    for outcome, predictions in (("used", settlement.used), ("discarded", settlement.wasted)):
+        for prediction in predictions:
+            increments[f"{prediction.name}|issued"] += 1
+            increments[f"{prediction.name}|{outcome}"] += 1
+    if draft_tokens:
+        draft_used = any(p.source == DRAFT_SOURCE for p in settlement.used)
+        increments[f"{DRAFT_TOKENS}|{'used' if draft_used else 'discarded'}"] += draft_tokens
+    return LedgerEntry(dict(increments))
+
+
+def run_cost_entry(tool: str, used: bool, cpu_s: float) -> LedgerEntry:
+    """The CPU one speculative run of `tool` took, once it ended."""
+    return LedgerEntry({f"{tool}|cpu_ms_{'used' if used else 'discarded'}": round(cpu_s * 1000)})
+
+
+def _per_100(count: float, turns: int) -> float | None:
+    return round(100 * count / turns, 3) if turns else None
+
+
+def ledger_view(fields: dict[str, int], tools: list[str]) -> dict[str, Any]:
+    """A tenant's ledger as `GET /v1/tools` shows it: per tool its speculative
+    runs used and discarded and the tool CPU each cost; overall the turns
+    speculated on, the draft's tokens, and the waste per 100 turns (discarded
+    runs, their tool CPU seconds and the draft tokens that bought nothing)."""
+    turns = fields.get(TURNS, 0)
+    by_tool = {
+        tool: {
+            **{outcome: fields.get(f"{tool}|{outcome}", 0) for outcome in LEDGER_OUTCOMES},
+            "tool_cpu_s_used": fields.get(f"{tool}|cpu_ms_used", 0) / 1000,
+            "tool_cpu_s_discarded": fields.get(f"{tool}|cpu_ms_discarded", 0) / 1000,
+        }
+        for tool in tools
+    }
+    discarded = sum(row["discarded"] for row in by_tool.values())
+    discarded_cpu_s = sum(row["tool_cpu_s_discarded"] for row in by_tool.values())
+    draft_discarded = fields.get(f"{DRAFT_TOKENS}|discarded", 0)
+    return {
+        "turns": turns,
+        "draft_tokens_used": fields.get(f"{DRAFT_TOKENS}|used", 0),
+        "draft_tokens_discarded": draft_discarded,
+        "waste_per_100_turns": {
+            "discarded_runs": _per_100(discarded, turns),
+            "tool_cpu_s": _per_100(discarded_cpu_s, turns),
+            "draft_tokens": _per_100(draft_discarded, turns),
+        },
+        "tools": by_tool,
+    }

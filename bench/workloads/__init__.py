@@ -12,7 +12,7 @@ from bench.workloads.codegen import codegen_plan
 from bench.workloads.conveyor import conveyor_plan
 from bench.workloads.hot_path import burst_plan, hot_path_plan, repeated_prompt_plan
 from bench.workloads.plan import SIZES, Size, WorkloadPlan
-from bench.workloads.replay import trace_replay_plan
+from bench.workloads.replay import trace_replay_plan, trace_replay_tools_plan
 from bench.workloads.speculation import speculation_plan
 from bench.workloads.trace import many_agent_plan
 from bench.workloads.workflows import workflow_plan
@@ -22,6 +22,7 @@ __all__ = ["PROGRAM_COUNT_WORKLOADS", "SIZES", "WORKLOADS", "Size", "WorkloadPla
 WORKLOADS: dict[str, Callable[[Size], WorkloadPlan]] = {
     "many-agent": many_agent_plan,
     "trace-replay": trace_replay_plan,
+    "trace-replay-tools": trace_replay_tools_plan,
     "bugfix-6": lambda size: workflow_plan("bugfix-6", size),
     "coding-35": lambda size: workflow_plan("coding-35", size),
     "bfcl": bfcl_plan,
@@ -40,6 +41,7 @@ WORKLOADS: dict[str, Callable[[Size], WorkloadPlan]] = {
 PROGRAM_COUNT_WORKLOADS: dict[str, Callable[[Size, int | None], WorkloadPlan]] = {
     "many-agent": many_agent_plan,
     "trace-replay": trace_replay_plan,
+    "trace-replay-tools": trace_replay_tools_plan,
 }
 """The workloads sized by a count of programs, which `--programs` can change."""
 

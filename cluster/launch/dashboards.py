@@ -293,6 +293,26 @@ DASHBOARDS: dict[str, tuple[str, tuple[PanelSpec, ...]]] = {
                 "Used: the turn then made the predicted call. Issued less used were wasted.",
             ),
             PanelSpec(
+                "Speculation waste per 100 turns",
+                "short",
+                (
+                    Query(
+                        "100 * sum(rate(ray_toolserve_speculations_wasted_total[15m])) / "
+                        "sum(rate(ray_toolserve_speculation_turns_total[15m]))",
+                        "discarded runs",
+                    ),
+                    Query(
+                        "100 * sum(rate(ray_toolserve_speculation_tool_cpu_seconds_total"
+                        '{outcome="discarded"}[15m])) / '
+                        "sum(rate(ray_toolserve_speculation_turns_total[15m]))",
+                        "tool CPU s discarded",
+                    ),
+                ),
+                "Per 100 turns speculated on: speculative runs whose call the turn did "
+                "not make, and the tool CPU seconds they took (the draft's tokens are in "
+                "`toolserve_speculation_draft_tokens` and each tenant's ledger).",
+            ),
+            PanelSpec(
                 "Predicted calls as drafts: tokens accepted by tool",
                 "ops",
                 (

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,11 +88,17 @@ class PinningStats:
     chosen_ttls_s: list[float] = field(default_factory=list)
     holding_costs: list[float] = field(default_factory=list)
     tool_durations_s: list[tuple[str, float]] = field(default_factory=list)
+    pinned_token_seconds: defaultdict[str, float] = field(
+        default_factory=lambda: defaultdict(float)
+    )
+    """Tokens times seconds pins held KV, by outcome: `used` (the program came
+    back to its pin) or `wasted` (released otherwise: expired, displaced, moved,
+    the program ended)."""
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values only: the stats cross a process boundary."""
         return {
-            name: dict(value) if isinstance(value, Counter) else value
+            name: dict(value) if isinstance(value, dict) else value
             for name, value in vars(self).items()
         }
 
@@ -168,7 +174,7 @@ class PinningController:
         if program.finished_at is not None:
             self._stats.returning_turns += 1
             if program.tool is not None and program.awaiting_return:
-                self._observe_return(program.tool, now - program.finished_at)
+                self._observe_return(program_id, program.tool, now - program.finished_at)
             program.awaiting_return = False
             program.waiting_since = now
             program.pinned_on_arrival = program_id in self._pins
@@ -184,7 +190,7 @@ class PinningController:
             elif not program.pinned_on_arrival:
                 self.cost_model.observe_queueing_delay_without_kv(now - program.waiting_since)
             program.waiting_since = None
-        return self._release(program_id, ReleaseReason.NEXT_TURN)
+        return self._release(program_id, ReleaseReason.NEXT_TURN, now)
 
     def on_finished(
         self,
@@ -201,9 +207,9 @@ class PinningController:
         program.finished_at = now
         program.tool = None
         program.awaiting_return = False
-        released = self._release(program_id, ReleaseReason.NEXT_TURN)
+        released = self._release(program_id, ReleaseReason.NEXT_TURN, now)
         if last_step:
-            return False, released + self.end_program(program_id)
+            return False, released + self.end_program(program_id, now)
         if not self._pinning_on or not blocks:
             return False, released
         place = self.queue_time(program_id, now)
@@ -211,7 +217,7 @@ class PinningController:
             victim = self.next_to_release(place, now)
             if victim is None:
                 return False, released
-            released += self._release(victim.program_id, ReleaseReason.PRESSURE)
+            released += self._release(victim.program_id, ReleaseReason.PRESSURE, now)
         tenant = program_tenant(program_id)
         while (
             self._max_tenant_pinned_blocks is not None
@@ -220,7 +226,7 @@ class PinningController:
             victim = self.next_to_release(place, now, tenant)
             if victim is None:
                 return False, released
-            released += self._release(victim.program_id, ReleaseReason.TENANT_SHARE)
+            released += self._release(victim.program_id, ReleaseReason.TENANT_SHARE, now)
         ttl = self.cost_model.ttl(None, tokens, hint=hint)
         pin = Pin(
             program_id,
@@ -256,7 +262,7 @@ class PinningController:
         if program is not None and program.finished_at is not None:
             program.tool = tool
             if program.last_arrival > program.finished_at:  # back before this report
-                self._observe_return(tool, program.last_arrival - program.finished_at)
+                self._observe_return(program_id, tool, program.last_arrival - program.finished_at)
             else:
                 program.awaiting_return = True
                 self._away.append((program.finished_at, program_id))
@@ -264,24 +270,25 @@ class PinningController:
         if pin is None:
             return []
         pin.tool = tool
-        ttl = self.cost_model.ttl(tool, pin.tokens, holding_cost, pin.hint)
+        ttl = self._ttl(pin, holding_cost)
         self._stats.chosen_ttls_s.append(ttl)
         self._stats.holding_costs.append(holding_cost)
         pin.expires_at = pin.created_at + ttl
         if pin.expires_at <= now:
-            return self._release(program_id, ReleaseReason.EXPIRY)
+            return self._release(program_id, ReleaseReason.EXPIRY, now)
         self._ledger_changes.append(LedgerChange(program_id, pin.expires_at, pin.tokens, tool))
         return []
 
-    def end_program(self, program_id: str) -> list[Pin]:
+    def end_program(self, program_id: str, now: float | None = None) -> list[Pin]:
         program = self._programs.pop(program_id, None)
         if program is not None and program.turns:
             self.cost_model.observe_program_completed(program.turns)
-        return self._release(program_id, ReleaseReason.PROGRAM_END)
+        self.cost_model.forget_program(program_id)
+        return self._release(program_id, ReleaseReason.PROGRAM_END, now)
 
-    def release_moved(self, program_id: str) -> list[Pin]:
+    def release_moved(self, program_id: str, now: float | None = None) -> list[Pin]:
         """The router sent the program's next turn to another replica."""
-        return self._release(program_id, ReleaseReason.MOVED)
+        return self._release(program_id, ReleaseReason.MOVED, now)
 
     def expire(self, now: float) -> list[Pin]:
         self._count_programs_not_back(now)
@@ -291,7 +298,9 @@ class PinningController:
             if pin.expires_at <= now and not self._is_back(pin.program_id)
         ]
         return [
-            pin for program_id in expired for pin in self._release(program_id, ReleaseReason.EXPIRY)
+            pin
+            for program_id in expired
+            for pin in self._release(program_id, ReleaseReason.EXPIRY, now)
         ]
 
     def _is_back(self, program_id: str) -> bool:
@@ -300,9 +309,21 @@ class PinningController:
         program = self._programs.get(program_id)
         return program is not None and program.waiting_since is not None
 
-    def _observe_return(self, tool: str, duration: float) -> None:
-        self.cost_model.observe_tool_duration(tool, duration)
+    def _observe_return(self, program_id: str, tool: str, duration: float) -> None:
+        self.cost_model.observe_tool_duration(
+            tool, duration, tenant=program_tenant(program_id), program_id=program_id
+        )
         self._stats.tool_durations_s.append((tool, duration))
+
+    def _ttl(self, pin: Pin, holding_cost: float) -> float:
+        return self.cost_model.ttl(
+            pin.tool,
+            pin.tokens,
+            holding_cost,
+            pin.hint,
+            tenant=program_tenant(pin.program_id),
+            program_id=pin.program_id,
+        )
 
     def _count_programs_not_back(self, now: float) -> None:
         horizon = now - self.cost_model.max_ttl_s
@@ -316,7 +337,12 @@ class PinningController:
                 and program.tool is not None
             ):
                 program.awaiting_return = False
-                self.cost_model.observe_tool_duration(program.tool, math.inf)
+                self.cost_model.observe_tool_duration(
+                    program.tool,
+                    math.inf,
+                    tenant=program_tenant(program_id),
+                    program_id=program_id,
+                )
 
     def next_to_release(
         self,
@@ -356,7 +382,7 @@ class PinningController:
         victim = self.next_to_release(queued_after, now)
         if victim is None:
             return []
-        return self._release(victim.program_id, ReleaseReason.PRESSURE)
+        return self._release(victim.program_id, ReleaseReason.PRESSURE, now)
 
     def queue_time(self, program_id: str, arrival: float) -> float:
         """Where a turn that arrived at `arrival` queues under program FCFS: at its
@@ -383,13 +409,12 @@ class PinningController:
         for program_id, pin in list(self._pins.items()):
             if pin.tool is None or program_id not in holding_costs or self._is_back(program_id):
                 continue
-            holding_cost = holding_costs[program_id]
-            ttl = self.cost_model.ttl(pin.tool, pin.tokens, holding_cost, pin.hint)
+            ttl = self._ttl(pin, holding_costs[program_id])
             expires_at = pin.created_at + ttl
             if expires_at == pin.expires_at:
                 continue
             if expires_at <= now:
-                released += self._release(program_id, ReleaseReason.REPRICED)
+                released += self._release(program_id, ReleaseReason.REPRICED, now)
                 continue
             pin.expires_at = expires_at
             self._ledger_changes.append(
@@ -397,13 +422,21 @@ class PinningController:
             )
         return released
 
-    def release_all(self, reason: ReleaseReason = ReleaseReason.PROGRAM_END) -> list[Pin]:
-        return [pin for program_id in list(self._pins) for pin in self._release(program_id, reason)]
+    def release_all(
+        self, reason: ReleaseReason = ReleaseReason.PROGRAM_END, now: float | None = None
+    ) -> list[Pin]:
+        return [
+            pin for program_id in list(self._pins) for pin in self._release(program_id, reason, now)
+        ]
 
-    def _release(self, program_id: str, reason: ReleaseReason) -> list[Pin]:
+    def _release(self, program_id: str, reason: ReleaseReason, now: float | None) -> list[Pin]:
+        """`now`: when, for the pinned token-seconds (None: not counted)."""
         pin = self._pins.pop(program_id, None)
         if pin is None:
             return []
+        if now is not None:
+            outcome = "used" if reason is ReleaseReason.NEXT_TURN else "wasted"
+            self._stats.pinned_token_seconds[outcome] += pin.tokens * max(0.0, now - pin.created_at)
         self._pinned_blocks -= len(pin.blocks)
         tenant = program_tenant(program_id)
         self._pinned_blocks_by_tenant[tenant] -= len(pin.blocks)
@@ -424,6 +457,7 @@ class PinningController:
             returning_turns=stats.returning_turns,
             pin_hits=stats.pin_hits,
             reused_prefix_tokens=stats.reused_prefix_tokens,
+            pinned_token_seconds=defaultdict(float, stats.pinned_token_seconds),
         )
         return stats
 

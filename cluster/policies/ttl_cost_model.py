@@ -22,9 +22,10 @@ from the free blocks, sooner the fewer there are beside the pin.
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict, deque
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -149,10 +150,18 @@ def memoryfulness(program_turns: Sequence[int]) -> float | None:
     return min(1.0, max(0.0, -correlation))
 
 
+DurationsBy = Literal["tool", "single"]
+
+
 class TtlCostModel:
     """Learns from traffic and answers `ttl(tool, context_tokens, holding_cost)`.
-    A tool seen fewer than `min_tool_samples` times is judged by every tool's
-    durations together (a default TTL only until those are enough)."""
+
+    With `durations_by="tool"`, a pin is priced from the durations of the tool
+    being called, as its tenant's calls of it took (tools differ by orders of
+    magnitude: a file read, a test run); until those are `min_tool_samples`,
+    from the program's own returns, then the tool's across tenants, then every
+    tool's together (a default TTL only until those are enough). With
+    `"single"`, every pin from every tool's durations together."""
 
     def __init__(
         self,
@@ -163,25 +172,51 @@ class TtlCostModel:
         sample_window: int,
         default_memoryfulness: float,
         use_cost_model: bool = True,
+        durations_by: DurationsBy = "tool",
+        max_tracked_programs: int = 4096,
     ):
         self._fixed_ttl_s = min(fixed_ttl_s, max_ttl_s)
         self.max_ttl_s = max_ttl_s
         self._min_tool_samples = min_tool_samples
         self._use_cost_model = use_cost_model
+        self._durations_by = durations_by
         self._default_memoryfulness = default_memoryfulness
+        self._sample_window = sample_window
+        self._tenant_tool_durations: defaultdict[tuple[str, str], deque[float]] = defaultdict(
+            lambda: deque(maxlen=sample_window)
+        )
         self._tool_durations: defaultdict[str, deque[float]] = defaultdict(
             lambda: deque(maxlen=sample_window)
         )
+        self._program_durations: OrderedDict[str, deque[float]] = OrderedDict()
+        self._max_tracked_programs = max_tracked_programs
         self._all_durations: deque[float] = deque(maxlen=sample_window)
         self._queueing_delays: deque[float] = deque(maxlen=sample_window)
         self._program_turns: deque[int] = deque(maxlen=sample_window)
         self.prefill_profile: PrefillProfile | None = None
         self.offload_reload: OffloadReload | None = None
 
-    def observe_tool_duration(self, tool: str, seconds: float) -> None:
+    def observe_tool_duration(
+        self, tool: str, seconds: float, *, tenant: str = "", program_id: str | None = None
+    ) -> None:
         """`seconds` may be math.inf: the program did not come back."""
-        self._tool_durations[tool].append(max(0.0, seconds))
-        self._all_durations.append(max(0.0, seconds))
+        seconds = max(0.0, seconds)
+        self._tenant_tool_durations[tenant, tool].append(seconds)
+        self._tool_durations[tool].append(seconds)
+        self._all_durations.append(seconds)
+        if program_id is not None:
+            durations = self._program_durations.get(program_id)
+            if durations is None:
+                durations = self._program_durations[program_id] = deque(maxlen=self._sample_window)
+                while len(self._program_durations) > self._max_tracked_programs:
+                    self._program_durations.popitem(last=False)
+            else:
+                self._program_durations.move_to_end(program_id)
+            durations.append(seconds)
+
+    def forget_program(self, program_id: str) -> None:
+        """The program ended: its own returns no longer predict anything."""
+        self._program_durations.pop(program_id, None)
 
     def observe_queueing_delay_without_kv(self, seconds: float) -> None:
         self._queueing_delays.append(max(0.0, seconds))
@@ -206,10 +241,21 @@ class TtlCostModel:
         profile = self.prefill_profile
         return profile.seconds(context_tokens) if profile is not None else 0.0
 
-    def _durations(self, tool: str | None) -> deque[float] | None:
+    def _durations(
+        self, tool: str | None, tenant: str, program_id: str | None
+    ) -> deque[float] | None:
         if tool is None:
             return None
-        for durations in (self._tool_durations.get(tool), self._all_durations):
+        if self._durations_by == "single":
+            chain: tuple[deque[float] | None, ...] = (self._all_durations,)
+        else:
+            chain = (
+                self._tenant_tool_durations.get((tenant, tool)),
+                None if program_id is None else self._program_durations.get(program_id),
+                self._tool_durations.get(tool),
+                self._all_durations,
+            )
+        for durations in chain:
             if durations is not None and len(durations) >= self._min_tool_samples:
                 return durations
         return None
@@ -220,6 +266,9 @@ class TtlCostModel:
         context_tokens: int,
         holding_cost: float = 1.0,
         hint: RetentionHint | None = None,
+        *,
+        tenant: str = "",
+        program_id: str | None = None,
     ) -> float:
         """Without enough samples: the fixed TTL, or the longest while holding
         costs nothing (a pin on memory nobody waits for delays nobody).
@@ -233,7 +282,7 @@ class TtlCostModel:
         if hint is not None and hint.expected_tool_s is not None:
             durations: Sequence[float] | None = [hint.expected_tool_s]
         else:
-            durations = self._durations(tool)
+            durations = self._durations(tool, tenant, program_id)
         if durations is None:
             return self.max_ttl_s if holding_cost <= 0 else self._fixed_ttl_s
         benefit = self.mean_queueing_delay_s * self.memoryfulness + self.reload_s(context_tokens)

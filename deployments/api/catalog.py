@@ -1,5 +1,6 @@
 """What the cluster serves: `/v1/models` (the main model, and the draft model
-clients may ask for predictions) and `/v1/tools` (the hosted tools' schemas)."""
+clients may ask for predictions) and `/v1/tools` (the hosted tools' schemas, with
+each one's speculation policy and the caller's speculation ledger)."""
 
 from __future__ import annotations
 
@@ -34,5 +35,16 @@ class CatalogRoutes(IngressState):
     @app.get("/v1/tools")
     @api_route("tools")
     async def hosted_tools(self, request: Request, tenant: str) -> Response:
-        """The hosted tools' OpenAI schemas, to put in a request's `tools`."""
-        return JSONResponse({"object": "list", "data": self._tools.registry.openai_schemas()})
+        """The hosted tools' OpenAI schemas, to put in a request's `tools`; beside
+        them (`toolserve`) each tool's speculation policy and the caller's
+        speculation ledger."""
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": self._tools.registry.openai_schemas(),
+                "toolserve": {
+                    "speculation_policies": self._speculator.policies(),
+                    "speculation_ledger": await self._speculator.ledger(tenant),
+                },
+            }
+        )

@@ -9,6 +9,7 @@ them against the calls the turn made, which also teach the learned predictor
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -19,7 +20,12 @@ from cluster.config import SpeculationConfig
 from deployments.api.model_client import reply_head
 from deployments.replica.continuation import declared_hosted_tools
 from router.prefix import shared_prefix_key
-from toolworkers.execution import SPECULATION_ORIGIN_PREFIX, ToolExecutor
+from toolworkers.execution import (
+    SPECULATION_ORIGIN_PREFIX,
+    ResultSource,
+    ToolExecutor,
+    ToolOutcome,
+)
 from toolworkers.predictor import (
     ObservedCall,
     PredictedCall,
@@ -32,10 +38,14 @@ from toolworkers.speculation import (
     call_identity,
     draft_predictions,
     draft_request,
+    ledger_view,
+    run_cost_entry,
     settle,
+    turn_entry,
 )
 
 if TYPE_CHECKING:
+    from cluster.store.speculation_ledger import SpeculationLedger
     from deployments.api.model_client import ModelClient
 
 logger = logging.getLogger("toolserve.speculation")
@@ -54,15 +64,35 @@ def call_text(call: PredictedCall) -> str:
     return json.dumps({"name": call.name, "arguments": call.arguments})
 
 
+def prediction_scope(tenant: str, messages: list[Any], tools: list[Any]) -> str:
+    """Whose calls a turn's learned predictions come from: the tenant's agents of
+    the same kind (instructions and tools). Another tenant's calls never shape
+    them: a speculated call would reveal what others call."""
+    return f"{tenant}\n{shared_prefix_key(messages, tools, 0) or ''}"
+
+
+def _draft_tokens(reply: dict[str, Any]) -> int:
+    """Tokens the draft model computed for a prediction: its prompt beyond the
+    cached prefix, and what it wrote."""
+    usage = reply.get("usage") or {}
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return max(0, (usage.get("prompt_tokens") or 0) - cached) + (
+        usage.get("completion_tokens") or 0
+    )
+
+
 @dataclass
 class SpeculationTurn:
     """One turn: what it was predicted from, and the speculations it issued by
     call identity."""
 
     agent: str
+    tenant: str
     user_text: str
     last_call: ObservedCall | None
     issued: dict[str, PredictedCall] = field(default_factory=dict)
+    runs: dict[str, asyncio.Task[ToolOutcome]] = field(default_factory=dict)
+    draft_tokens: int = 0
     task: asyncio.Task[None] | None = None
 
     def issued_call_texts(self) -> list[str]:
@@ -78,12 +108,15 @@ class Speculator:
         draft: ModelClient | None,
         draft_model: str | None,
         late_predictions: LatePredictions | None = None,
+        ledger: SpeculationLedger | None = None,
     ):
         """`late_predictions`: where the draft model's calls go once issued (the
-        engine writing the turn, to draft from them); None: nowhere."""
+        engine writing the turn, to draft from them); None: nowhere. `ledger`:
+        where each tenant's speculation is accounted for (None: nowhere)."""
         from ray.serve.metrics import Counter
 
         self._config = config
+        self._ledger = ledger
         self._executor = executor
         self._draft = draft if config.draft_predictions > 0 else None
         self._draft_model = draft_model
@@ -107,6 +140,23 @@ class Speculator:
             "toolserve_speculations_wasted",
             description="Speculations whose call the turn did not make.",
             tag_keys=("source",),
+        )
+        self._turns = Counter(
+            "toolserve_speculation_turns",
+            description="Turns speculated on (they declared hosted tools), settled: the "
+            "denominator of speculation's waste per 100 turns.",
+        )
+        self._tool_cpu = Counter(
+            "toolserve_speculation_tool_cpu_seconds",
+            description="Tool CPU seconds of speculative runs, by outcome: used (the turn "
+            "made the call) or discarded.",
+            tag_keys=("outcome",),
+        )
+        self._draft_tokens = Counter(
+            "toolserve_speculation_draft_tokens",
+            description="Tokens the draft model computed for predictions, by outcome: used "
+            "(one of its predictions was) or discarded.",
+            tag_keys=("outcome",),
         )
         self._sent_late = Counter(
             "toolserve_draft_calls_sent_to_engine",
@@ -132,9 +182,8 @@ class Speculator:
         messages = body.get("messages") or []
         history = calls_in_history(messages)
         turn = SpeculationTurn(
-            # Learned per tenant: another tenant's calls never shape these
-            # predictions (a speculated call would reveal what others call).
-            agent=f"{tenant}\n{shared_prefix_key(messages, tools, 0) or ''}",
+            agent=prediction_scope(tenant, messages, tools),
+            tenant=tenant,
             user_text=latest_user_text(messages),
             last_call=history[-1] if history else None,
         )
@@ -174,6 +223,7 @@ class Speculator:
             return
         if reply is None:
             return
+        turn.draft_tokens = _draft_tokens(reply)
         drafted = draft_predictions(reply)
         issued = self._launch(self._policy.choose(drafted, declared), program_id, tenant, turn)
         if issued and self._late_predictions is not None:
@@ -229,6 +279,7 @@ class Speculator:
                 )
             )
             # The run outlives the turn: its result goes to the cache either way.
+            turn.runs[identity] = run
             self._running.add(run)
             run.add_done_callback(self._running.discard)
         return issued
@@ -247,3 +298,54 @@ class Speculator:
             self._used.inc(tags={"source": prediction.source})
         for prediction in settlement.wasted:
             self._wasted.inc(tags={"source": prediction.source})
+        entry = turn_entry(settlement, turn.draft_tokens)
+        self._turns.inc()
+        if turn.draft_tokens:
+            outcome = "used" if entry.increments.get("draft_tokens|used") else "discarded"
+            self._draft_tokens.inc(turn.draft_tokens, tags={"outcome": outcome})
+        self._account(turn.tenant, entry.increments)
+        for used, predictions in ((True, settlement.used), (False, settlement.wasted)):
+            for prediction in predictions:
+                run = turn.runs.get(call_identity(prediction.name, prediction.arguments))
+                if run is not None:
+                    run.add_done_callback(
+                        functools.partial(self._run_ended, turn.tenant, prediction.name, used)
+                    )
+
+    def _run_ended(
+        self, tenant: str, tool: str, used: bool, run: asyncio.Task[ToolOutcome]
+    ) -> None:
+        """A settled speculation's run ended: its tool CPU, where this run was the
+        one that ran the tool (not a result it found cached or running)."""
+        if run.cancelled() or run.exception() is not None:
+            return
+        outcome = run.result()
+        cpu_s = outcome.result.cpu_s
+        if outcome.source not in (ResultSource.RAN, ResultSource.UNCACHED) or cpu_s is None:
+            return
+        self._tool_cpu.inc(cpu_s, tags={"outcome": "used" if used else "discarded"})
+        self._account(tenant, run_cost_entry(tool, used, cpu_s).increments)
+
+    def _account(self, tenant: str, increments: dict[str, int]) -> None:
+        if self._ledger is None:
+            return
+        adding = asyncio.get_running_loop().create_task(self._ledger.add(tenant, increments))
+        self._running.add(adding)
+        adding.add_done_callback(self._running.discard)
+
+    def policies(self) -> dict[str, dict[str, Any]]:
+        """Each hosted tool's speculation policy."""
+        registry = self._executor.registry
+        return {
+            name: policy
+            for name in registry.names()
+            if (policy := self._policy.describe(name)) is not None
+        }
+
+    async def ledger(self, tenant: str) -> dict[str, Any] | None:
+        """The tenant's ledger as `GET /v1/tools` shows it; None without one (or
+        when Redis cannot answer)."""
+        if self._ledger is None:
+            return None
+        fields = await self._ledger.read(tenant)
+        return None if fields is None else ledger_view(fields, self._executor.registry.names())

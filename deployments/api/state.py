@@ -20,6 +20,7 @@ from cluster.store.replicas import ReplicaStatusStore
 from cluster.store.response_cache import ResponseCache
 from cluster.store.responses import ResponseOwners
 from cluster.store.sessions import KnownSessions
+from cluster.store.speculation_ledger import SpeculationLedger
 from deployments.api.metrics import ApiMetrics, ProgramMetrics
 from deployments.api.model_client import InProcessClient, ModelClient, ReplicaClient
 from deployments.api.request_limits import RequestLimits, capped_body
@@ -124,6 +125,7 @@ class IngressState:
             self._draft_target,
             self._draft_model,
             self._main.add_predicted_calls if drafts_predicted_calls else None,
+            SpeculationLedger(redis_url, tools.speculation.ledger_ttl_s),
         )
         self._metrics = ApiMetrics()
         self._program_metrics = ProgramMetrics()

@@ -198,6 +198,13 @@ class _PinningMetrics:
             ),
             tag_keys=("reason",),
         )
+        self._pinned_token_seconds = Counter(
+            "toolserve_kv_pinned_token_seconds",
+            description="Context tokens times seconds pins held KV, by outcome: used (the "
+            "program came back to its pin) or wasted (expired, displaced, moved, or the "
+            "program ended first).",
+            tag_keys=("outcome",),
+        )
         self._pinned_blocks = Gauge(
             "toolserve_kv_pinned_blocks", description="KV blocks pins hold now."
         )
@@ -240,6 +247,9 @@ class _PinningMetrics:
         for reason, total in stats["releases"].items():
             if delta := self._increase(f"release:{reason}", total):
                 self._releases.inc(delta, tags={"reason": reason})
+        for outcome, total in stats["pinned_token_seconds"].items():
+            if delta := self._increase(f"held:{outcome}", total):
+                self._pinned_token_seconds.inc(delta, tags={"outcome": outcome})
         self._pinned_blocks.set(stats["pinned_blocks"])
         self._pinned_tokens.set(stats["pinned_tokens"])
         self._free_blocks.set(stats["free_blocks"])

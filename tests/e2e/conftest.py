@@ -44,7 +44,16 @@ def lookup_ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def cluster_config(hosted_data_dir: Path, lookup_ledger: Path) -> ToolserveConfig:
+def close_ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One line per run of the cluster's `close_record` tool: `lookup_record`
+    configured as a tool with side effects."""
+    return tmp_path_factory.mktemp("close") / "runs.log"
+
+
+@pytest.fixture(scope="session")
+def cluster_config(
+    hosted_data_dir: Path, lookup_ledger: Path, close_ledger: Path
+) -> ToolserveConfig:
     config = load_config()
     extra_tools = [
         HostedToolConfig(
@@ -57,6 +66,14 @@ def cluster_config(hosted_data_dir: Path, lookup_ledger: Path) -> ToolserveConfi
         HostedToolConfig(
             function="bench.tools:lookup_record",
             options={"latency_s": 1.0, "ledger": owned_by_tools(lookup_ledger, create_file=True)},
+        )
+    )
+    extra_tools.append(
+        HostedToolConfig(
+            function="bench.tools:lookup_record",
+            name="close_record",
+            side_effect_free=False,
+            options={"latency_s": 0.2, "ledger": owned_by_tools(close_ledger, create_file=True)},
         )
     )
     # One tenant with tight quotas of its own (tests/e2e/test_quotas_api.py);

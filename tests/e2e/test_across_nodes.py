@@ -180,6 +180,46 @@ def _speculate_then_search(endpoints: Endpoints, model: str) -> None:
         pass
 
 
+def _waste_a_speculation(endpoints: Endpoints, model: str) -> None:
+    """What the speculation-waste panel shows: under a key of its own (a tenant
+    whose tool cache holds nothing yet), two turns teach the learned predictor a
+    calculator call, then a turn that may not call a tool still has the call
+    started on a guess: discarded, with the tool CPU its run took."""
+    client = OpenAI(
+        base_url=endpoints.api_base,
+        api_key=f"waste-{uuid.uuid4().hex[:8]}",
+        max_retries=0,
+        timeout=180,
+    )
+    agent = uuid.uuid4().hex[:8]
+    for run_here, tool_choice in ((False, "auto"), (False, "auto"), (True, "none")):
+        client.chat.completions.create(
+            model=model,
+            messages=CALCULATOR_FEW_SHOT,  # type: ignore[arg-type]
+            tools=[calculator_tool(endpoints)],
+            tool_choice=tool_choice,  # type: ignore[arg-type]
+            temperature=0,
+            max_tokens=64,
+            extra_headers={SESSION_HEADER: f"waste-{agent}-{uuid.uuid4().hex[:6]}"},
+            extra_body={"toolserve": {"execute_tools": run_here}},
+        )
+
+    seen: list[Any] = []
+
+    def run_accounted() -> bool:
+        seen.append(
+            httpx.get(
+                f"{endpoints.api_base}/tools",
+                headers={"Authorization": f"Bearer {client.api_key}"},
+                timeout=30,
+            ).json()["toolserve"]["speculation_ledger"]["tools"]["calculator"]
+        )
+        return bool(seen[-1]["tool_cpu_s_discarded"] > 0)
+
+    assert wait_for(run_accounted, 60) is not None, seen[-1:]
+    assert seen[-1]["discarded"] == 1, seen[-1]
+
+
 def _break_a_prefix(endpoints: Endpoints, model: str) -> None:
     """What the prefix panels show: a program's second turn sent with another
     system prompt parts from the prefix its replica held."""
@@ -250,6 +290,7 @@ def test_every_dashboard_query_returns_data_on_a_real_prometheus(
         assert set(run_agents(agents, turns_more(agents, 4))) == {"ok"}
         assert all(agent.end(endpoints) == 200 for agent in agents)
         _speculate_then_search(endpoints, model)
+        _waste_a_speculation(endpoints, model)
         _repeat_then_stop_a_call(endpoints, model)
         _break_a_prefix(endpoints, model)
         unknown = httpx.post(

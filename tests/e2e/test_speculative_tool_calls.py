@@ -111,6 +111,74 @@ def test_a_correctly_predicted_call_runs_once_and_is_reused(
         time.sleep(2)
     assert used >= 1, "the learned prediction matched the model's call"
     assert saved >= 1, "the model's call reused the speculative run"
+    ledger = _ledger(cluster, client.api_key)
+    assert ledger["tools"]["lookup_record"]["used"] >= 1, ledger
+
+
+def _ledger(cluster: Endpoints, api_key: str) -> Any:
+    listed = httpx.get(
+        f"{cluster.api_base}/tools", headers={"Authorization": f"Bearer {api_key}"}, timeout=30
+    ).json()
+    return listed["toolserve"]["speculation_ledger"]
+
+
+def test_a_tool_with_side_effects_runs_only_once_its_call_is_written(
+    model_name: str, cluster: Endpoints, close_ledger: Path
+) -> None:
+    """`close_record` is `lookup_record` declared with side effects: the turns
+    that teach the learned predictor its call are the same as in the test above,
+    yet the tool runs once, when the model's call is written, never on a guess;
+    `GET /v1/tools` says so and the caller's ledger shows no speculation of it."""
+    api_key = f"close-{uuid.uuid4().hex[:8]}"  # a tenant of its own: an empty ledger
+    client = OpenAI(base_url=cluster.api_base, api_key=api_key, max_retries=0, timeout=180)
+    listed = httpx.get(
+        f"{cluster.api_base}/tools", headers={"Authorization": f"Bearer {api_key}"}, timeout=30
+    ).json()
+    policies = listed["toolserve"]["speculation_policies"]
+    assert policies["lookup_record"]["runs_on_a_guess"], policies["lookup_record"]
+    closing = policies["close_record"]
+    assert not closing["runs_on_a_guess"] and "side effects" in closing["why"], closing
+    tools = [tool for tool in listed["data"] if tool["function"]["name"] == "close_record"]
+    agent = [
+        {"role": "system", "content": f"You are records agent {uuid.uuid4().hex[:6]}."},
+        {"role": "user", "content": "Close the record INC-3001 and say it is done."},
+    ]
+    choice = {"type": "function", "function": {"name": "close_record"}}
+
+    def turn(program: str, **extra: Any) -> Any:
+        return client.chat.completions.create(
+            model=model_name,
+            messages=agent,  # type: ignore[arg-type]
+            tools=tools,
+            tool_choice=choice,  # type: ignore[arg-type]
+            temperature=0,
+            max_tokens=48,
+            extra_headers={"X-Session-ID": program},
+            **extra,
+        )
+
+    probes = [
+        turn(f"probe-{uuid.uuid4().hex[:6]}", extra_body={"toolserve": {"execute_tools": False}})
+        for _ in range(2)
+    ]
+    calls = [(probe.choices[0].message.tool_calls or [None])[0] for probe in probes]
+    assert calls[0] is not None and calls[1] is not None
+    assert calls[0].function.arguments == calls[1].function.arguments
+    record = json.loads(calls[0].function.arguments)["key"]
+    assert _runs(close_ledger).count(record) == 0, "handed back: the client's to run"
+
+    response = turn(f"closing-{uuid.uuid4().hex[:6]}")
+    executed = ((response.model_extra or {}).get("toolserve") or {}).get("executed_messages")
+    assert executed and executed[1]["content"] == record_text(record)
+    assert _runs(close_ledger).count(record) == 1, "one run: the model's call"
+
+    deadline = time.monotonic() + 30
+    ledger = _ledger(cluster, api_key)
+    while ledger["turns"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        ledger = _ledger(cluster, api_key)
+    assert ledger["turns"] == 3, ledger
+    assert ledger["tools"]["close_record"]["issued"] == 0, ledger
 
 
 def _runs(ledger: Path) -> list[str]:

@@ -18,7 +18,7 @@ import pytest
 
 from bench.baselines.vllm_router import router_command
 from bench.cpu import ProcessTreeCpu
-from bench.metrics import engine_counters, engine_work, front_end_work
+from bench.metrics import engine_counters, engine_work, front_end_work, retention_work
 from bench.options import BenchOptions, parse_system
 from bench.provenance import DirtyTreeError, code_state, note_code_state, start_provenance
 from bench.runner import arm_setup, check_nodes_run
@@ -297,6 +297,24 @@ def test_front_end_work_is_cpu_per_prompt_between_the_scrapes() -> None:
     assert work["tokenize_cpu_ms_per_prompt"] == pytest.approx(5.0)
     assert work["tokenize_cache_token_share"] == pytest.approx(0.9)
     assert set(front_end_work(STOCK_BEFORE, STOCK_AFTER).values()) == {None}
+
+
+def test_retention_work_is_the_pinned_token_seconds_between_the_scrapes() -> None:
+    before = (
+        "# TYPE ray_toolserve_kv_pinned_token_seconds_total counter\n"
+        'ray_toolserve_kv_pinned_token_seconds_total{ReplicaId="a",outcome="used"} 100.0\n'
+    )
+    after = (
+        "# TYPE ray_toolserve_kv_pinned_token_seconds_total counter\n"
+        'ray_toolserve_kv_pinned_token_seconds_total{ReplicaId="a",outcome="used"} 400.0\n'
+        'ray_toolserve_kv_pinned_token_seconds_total{ReplicaId="b",outcome="used"} 50.0\n'
+        'ray_toolserve_kv_pinned_token_seconds_total{ReplicaId="a",outcome="wasted"} 70.0\n'
+    )
+    assert retention_work(before, after) == {
+        "pinned_token_s_used": 350.0,
+        "pinned_token_s_wasted": 70.0,
+    }
+    assert set(retention_work(STOCK_BEFORE, STOCK_AFTER).values()) == {None}
 
 
 def test_cpu_of_a_process_tree_counts_its_children() -> None:

@@ -453,6 +453,30 @@ def test_summary_report_and_plots(tmp_path: Path) -> None:
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
 
 
+def test_the_report_sets_pinned_kv_used_beside_wasted(tmp_path: Path) -> None:
+    def arm(system: str, work: dict[str, float]) -> ArmRuns:
+        run = _arm_run(
+            [_program(system, "a", 10.0)],
+            [_request(system, 0, 2.0)],
+            10.0,
+            rates={"pinned_kv_reuse_rate": 0.75},
+        )
+        return ArmRuns(system, [replace(run, work=run.work | work)])
+
+    runs = {
+        "stock-vllm": arm("stock-vllm", {}),
+        "toolserve": arm(
+            "toolserve", {"pinned_token_s_used": 3000.0, "pinned_token_s_wasted": 1000.0}
+        ),
+    }
+    options = _options(tmp_path, list(runs))
+    summary = summarize(options, "one", _settings(), 128, [list(runs)], runs, _provenance(), 0)
+    report = write_markdown(tmp_path, summary).read_text()
+    assert "## KV retention (mean per round)" in report
+    assert "| toolserve | 3,000 | 1,000 | 25% | 75.0% |" in report
+    assert "| stock-vllm | 3" not in report.split("## KV retention")[1].split("##")[0]
+
+
 JCT_TABLE_HEADER = (
     "| system | programs (failed) | JCT mean | median | p90 | p99 | turn latency median "
     "| tokens/s | time saved vs stock vLLM |"

@@ -1,4 +1,5 @@
 from cluster.policies.pinning_controller import NO_TOOL_CALL, LedgerChange, PinningController
+from cluster.policies.tenancy import key_tenant
 from cluster.policies.ttl_cost_model import RetentionHint, TtlCostModel
 
 
@@ -416,3 +417,44 @@ def test_with_a_horizon_a_waiting_turn_may_take_an_old_programs_pin() -> None:
         # came now (at 200), would queue at 140 with the horizon, at 0 without.
         relieved = pins.relieve_pressure(queued_after=100.0, now=200.0)
         assert [pin.program_id for pin in relieved] == released
+
+
+def test_pinned_token_seconds_are_used_when_the_program_came_back_else_wasted() -> None:
+    pins = controller()
+    pins.on_arrival("a", 0.0)
+    pins.on_arrival("b", 0.0)
+    finish_turn(pins, "a", 1.0)  # 256 tokens
+    finish_turn(pins, "b", 1.0, count=2)  # 128 tokens
+    pins.on_arrival("a", 1.5)
+    pins.on_admitted("a", 1.5, cached_tokens=256)
+    assert [pin.program_id for pin in pins.expire(3.0)] == ["b"]
+    finish_turn(pins, "a", 4.0)
+    pins.end_program("a", 5.0)
+    pins.on_arrival("c", 6.0)
+    finish_turn(pins, "c", 6.0)
+    pins.release_moved("c")  # untimed: not counted
+    stats = pins.take_stats()
+    assert stats.pinned_token_seconds == {"used": 256 * 0.5, "wasted": 128 * 2.0 + 256 * 1.0}
+    assert pins.take_stats().pinned_token_seconds == stats.pinned_token_seconds, "cumulative"
+    assert stats.as_dict()["pinned_token_seconds"] == dict(stats.pinned_token_seconds)
+
+
+def test_each_tenants_returns_price_its_own_pins() -> None:
+    """Program ids carry their tenant: tenant A's `search` comes back in 1 s,
+    tenant B's in 10 s, and each one's pins of it last accordingly."""
+    pins = controller()
+    pins.cost_model.observe_queueing_delay_without_kv(20.0)
+    tenant_a, tenant_b = key_tenant("a" * 24), key_tenant("b" * 24)
+    for index in range(2):
+        for tenant, gap in ((tenant_a, 1.0), (tenant_b, 10.0)):
+            program = f"{tenant}/p{index}"
+            pins.on_arrival(program, 0.0)
+            finish_turn(pins, program, 1.0, tool="search")
+            pins.on_arrival(program, 1.0 + gap)
+            pins.on_admitted(program, 1.0 + gap, cached_tokens=0)
+    for tenant, ttl in ((tenant_a, 1.0), (tenant_b, 10.0)):
+        program = f"{tenant}/new"
+        pins.on_arrival(program, 50.0)
+        finish_turn(pins, program, 51.0, tool="search")
+        (pin,) = [pin for pin in pins.pins if pin.program_id == program]
+        assert pin.expires_at == 51.0 + ttl, tenant

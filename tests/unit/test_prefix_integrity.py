@@ -19,6 +19,7 @@ from deployments.replica.prompt_cache.integrity import (
     HeldTurns,
     Reply,
     break_cause,
+    carried_repairs,
     check_prompt,
     first_divergence,
     repaired_prompt,
@@ -367,3 +368,63 @@ def test_the_rounds_the_server_ran_go_back_where_a_library_left_them_out(
     )  # fmt: skip
     assert verdict is not None and not verdict.check.repaired
     assert verdict.check.cause is BreakCause.HISTORY_TRUNCATED
+
+
+def test_the_rounds_the_server_ran_go_back_question_after_question(
+    smollm2_tokenizer: PreTrainedTokenizerBase, tool_template: str
+) -> None:
+    """Three questions, each answered after a hosted call the server ran, the
+    library keeping only the answers: each next prompt starts with everything the
+    engine held (every earlier question's rounds back in place, in the model's
+    own tokens) and decodes to the conversation as the model read it."""
+    tokenizer = smollm2_tokenizer
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def ids(messages: list[Any]) -> list[int]:
+        return _prompt_ids(tokenizer, tool_template, messages)
+
+    kept_by_library: list[Any] = [SYSTEM]
+    as_the_model_read_it: list[Any] = [SYSTEM]
+    held: HeldTurn | None = None
+    for index, city in enumerate(["Paris", "Rome", "Oslo"]):
+        question = {"role": "user", "content": f"What is the weather in {city}?"}
+        kept_by_library.append(question)
+        as_the_model_read_it.append(question)
+        rendered = ids(kept_by_library)
+        verdict = check_prompt(
+            held, rendered, kept_by_library, [WEATHER], end_of_turn_id=end, repair=True,
+            max_prompt_tokens=8192,
+        )  # fmt: skip
+        first_round = rendered if verdict is None else verdict.prompt_ids
+        if held is not None:
+            assert verdict is not None and verdict.check.repaired, (index, verdict)
+            assert verdict.check.cause is BreakCause.SERVER_ROUNDS_LEFT_OUT
+            assert first_round[: len(held.held_ids)] == held.held_ids, index
+        assert tokenizer.decode(first_round) == tokenizer.decode(ids(as_the_model_read_it))
+
+        # The server runs the call and continues: its second round's prompt is
+        # the first round's with the call and result, carried as the engine ran it.
+        call = Call("get_weather", json.dumps({"city": city}))
+        result = {"role": "tool", "tool_call_id": "call_1", "content": f"18 C in {city}"}
+        executed = [_assistant(None, call), result]
+        round_messages = [*kept_by_library, *executed]
+        round_rendered = ids(round_messages)
+        first_held = HeldTurn(
+            first_round, [], kept_by_library, [WEATHER], lambda: Reply(None),
+            None if first_round == rendered else rendered,
+        )  # fmt: skip
+        carried = carried_repairs(first_held, round_rendered)
+        second_round = round_rendered if carried is None else carried
+        as_the_model_read_it += executed
+        assert tokenizer.decode(second_round) == tokenizer.decode(ids(as_the_model_read_it))
+
+        answer = f"It is 18 degrees in {city}."
+        output = [*tokenizer(answer, add_special_tokens=False)["input_ids"], end]
+        held = HeldTurn(
+            second_round, output, round_messages, [WEATHER],
+            lambda answer=answer: Reply(answer),
+            None if second_round == round_rendered else round_rendered,
+            server_added=len(executed),
+        )  # fmt: skip
+        kept_by_library.append(_assistant(answer))
+        as_the_model_read_it.append(_assistant(answer))

@@ -33,8 +33,16 @@ def run(
 
 def test_a_tool_returns_its_text() -> None:
     result = run("echo", {"text": "héllo"})
-    assert result == ToolResult(True, "héllo", None, result.duration_s)
+    assert result == ToolResult(True, "héllo", None, result.duration_s, cpu_s=result.cpu_s)
     assert result.for_model() == "héllo"
+
+
+def test_a_call_reports_the_cpu_it_used_not_the_time_it_waited() -> None:
+    waited = run("hang", {"seconds": 1.0})
+    assert waited.cpu_s is not None and waited.duration_s >= 1.0
+    assert 0 < waited.cpu_s < waited.duration_s / 2, waited
+    killed = run("hang", {"seconds": 30}, timeout_s=1.0)
+    assert killed.error_kind == "timeout" and killed.cpu_s is None
 
 
 def test_structured_results_come_back_as_json() -> None:

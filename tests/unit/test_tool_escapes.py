@@ -485,7 +485,7 @@ def test_the_attempt_is_refused_and_the_worker_stays_healthy(
         host.udp.recv(64)
     assert sandbox.zygote_pid() == zygote
     after = run(loop, "import os\nprint(os.listdir('.'), os.getuid() != 0)")
-    assert after == ToolResult(True, "[] True\n", None, after.duration_s)
+    assert after == ToolResult(True, "[] True\n", None, after.duration_s, cpu_s=after.cpu_s)
 
 
 def test_a_refused_system_call_fails_with_eperm(loop: asyncio.AbstractEventLoop) -> None:

@@ -4,6 +4,8 @@ published shapes, and contexts within the model's limit."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import random
 import statistics
 import time
@@ -13,11 +15,14 @@ import pytest
 
 from bench.workloads import SIZES, plan_workload
 from bench.workloads.distributions import Distribution
-from bench.workloads.program import Reply
+from bench.workloads.program import Reply, ToolCall
 from bench.workloads.replay import (
     ASSISTANT_PROFILE,
+    ASSISTANT_TOOLS_PROFILE,
     CODING_PROFILE,
+    CODING_TOOLS_PROFILE,
     ReplayConfig,
+    ReplayTool,
     generate_replay,
     vocabulary_text,
 )
@@ -114,31 +119,109 @@ def smollm2_chat() -> tuple[Any, str]:
         return tokenizer, template_file.read()
 
 
+@pytest.mark.parametrize("workload", ["trace-replay", "trace-replay-tools"])
 @pytest.mark.parametrize("size", SIZES)
 def test_replayed_conversations_fit_the_model_and_reach_toward_its_limit(
-    size: str, smollm2_chat: tuple[Any, str]
+    size: str, workload: str, smollm2_chat: tuple[Any, str]
 ) -> None:
     """Played to the end in the real template and tokenizer, with replies of the
-    drawn lengths: every request fits max_model_len, and the longest programs come
-    near the workload's context limit."""
+    drawn lengths (or the fixed call texts): every request fits max_model_len,
+    and the longest programs come near the workload's context limit."""
     tokenizer, template = smollm2_chat
-    plan = plan_workload("trace-replay", size)  # type: ignore[arg-type]
+    plan = plan_workload(workload, size)  # type: ignore[arg-type]
     longest = 0
     rng = random.Random(0)
     for program in plan.build(0):
-        program.shapes = [
-            type(shape)(shape.appended_text, shape.output_tokens, 0.0) for shape in program.shapes
-        ]
+        program.shapes = [dataclasses.replace(shape, pause_s=0.0) for shape in program.shapes]
         while (request := program.next_request()) is not None:
             rendered = tokenizer.apply_chat_template(
-                program.messages, chat_template=template, tokenize=False, add_generation_prompt=True
+                program.messages,
+                tools=program.tools or None,
+                chat_template=template,
+                tokenize=False,
+                add_generation_prompt=True,
             )
             length = len(tokenizer(rendered)["input_ids"]) + request.max_tokens
             assert length <= plan.max_model_len
             longest = max(longest, length)
-            reply = tokenizer.decode(rng.choices(range(1000, 20000), k=request.max_tokens))
-            asyncio.run(program.act(request, Reply(reply, (), "length", 0, 0, request.max_tokens)))
+            if request.structured_outputs is not None:
+                (text,) = request.structured_outputs["choice"]
+                assert len(tokenizer(text)["input_ids"]) <= request.max_tokens
+                call = json.loads(text.split("<tool_call>\n")[1].split("\n</tool_call>")[0])
+                reply = Reply(
+                    text.split("\n<tool_call>")[0],
+                    (
+                        ToolCall(
+                            f"call-{rng.random()}", call["name"], json.dumps(call["arguments"])
+                        ),
+                    ),
+                    "tool_calls",
+                    0,
+                    0,
+                    request.max_tokens,
+                )
+            else:
+                text = tokenizer.decode(rng.choices(range(1000, 20000), k=request.max_tokens))
+                reply = Reply(text, (), "length", 0, 0, request.max_tokens)
+            asyncio.run(program.act(request, reply))
     assert longest > 0.7 * plan.max_model_len
+
+
+def test_a_tool_turn_writes_a_fixed_call_and_pauses_for_that_tools_time() -> None:
+    slow = Distribution(kind="constant", mean=0.2)
+    fast = Distribution(kind="constant", mean=0.01)
+    profile = CODING_PROFILE.model_copy(
+        update={
+            "turns": Distribution(kind="constant", mean=6),
+            "tools": (
+                ReplayTool(name="run_tests", share=1, pause_s=slow),
+                ReplayTool(name="read_file", share=1, pause_s=fast),
+            ),
+        }
+    )
+    config = ReplayConfig(programs=1, arrival_rate_per_s=0, max_context=10**6, profiles=(profile,))
+    (program,) = generate_replay(config, 0, vocabulary_text(WORDS))
+    assert [tool["function"]["name"] for tool in program.tools] == ["run_tests", "read_file"]
+    called = set()
+    for index, shape in enumerate(program.shapes):
+        request = program.next_request()
+        assert request is not None and request.structured_outputs is not None
+        assert request.structured_outputs["choice"] == [shape.call_text]
+        assert request.tool_choice == "auto" and not request.exact_length
+        if index:
+            assert program.messages[-1] == {
+                "role": "tool",
+                "tool_call_id": f"call-{index - 1}",
+                "content": shape.appended_text,
+            }
+        assert shape.call_text is not None
+        call = json.loads(shape.call_text.split("<tool_call>\n")[1].split("\n</tool_call>")[0])
+        called.add(call["name"])
+        assert shape.pause_s == (0.2 if call["name"] == "run_tests" else 0.01)
+        reply = Reply(
+            None,
+            (ToolCall(f"call-{index}", call["name"], json.dumps(call["arguments"])),),
+            "tool_calls",
+            0,
+            0,
+            30,
+        )
+        asyncio.run(program.act(request, reply))
+    assert called == {"run_tests", "read_file"}
+
+
+def test_the_tool_mixes_keep_the_sources_mean_pauses() -> None:
+    """Coding agents about 0.9 s between turns, assistants about 1.9 s (Continuum's
+    SWE-bench and BFCL v4 figures), from tools of milliseconds to tens of seconds."""
+    rng = random.Random(0)
+    for profile, mean in ((CODING_TOOLS_PROFILE, 0.925), (ASSISTANT_TOOLS_PROFILE, 1.923)):
+        weights = [tool.share for tool in profile.tools]
+        pauses = [
+            rng.choices(profile.tools, weights=weights)[0].pause_s.sample(rng)
+            for _ in range(20_000)
+        ]
+        assert abs(statistics.mean(pauses) - mean) / mean < 0.15, profile.name
+        assert min(pauses) < 0.05 and max(pauses) > 10, profile.name
 
 
 # SmolLM2-135M's KV in float32: keys and values, 30 layers, 3 KV heads of 64.

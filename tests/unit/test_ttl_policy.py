@@ -231,3 +231,56 @@ def test_sample_window_slides() -> None:
     for _ in range(4):
         ttl_model.observe_queueing_delay_without_kv(2.0)
     assert math.isclose(ttl_model.mean_queueing_delay_s, 2.0)
+
+
+def test_a_pin_is_priced_by_the_tool_called_as_its_tenants_calls_took() -> None:
+    """Tenant A's `search` returns in 1 s, tenant B's in 8 s: each tenant's pins
+    follow its own; a tenant with too few falls back to the program's own
+    returns, then the tool's across tenants, then every tool's."""
+    ttl_model = model()
+    ttl_model.observe_queueing_delay_without_kv(10.0)
+    for _ in range(3):
+        ttl_model.observe_tool_duration("search", 1.0, tenant="a", program_id="a/1")
+        ttl_model.observe_tool_duration("search", 8.0, tenant="b", program_id="b/1")
+    assert ttl_model.ttl("search", 1000, tenant="a") == 1.0
+    assert ttl_model.ttl("search", 1000, tenant="b") == 8.0
+    # Tenant c has none: its program's own returns (b/1's), else the tool's.
+    assert ttl_model.ttl("search", 1000, tenant="c", program_id="b/1") == 8.0
+    assert ttl_model.ttl("search", 1000, tenant="c", program_id="c/9") == 1.0
+    # A tool nobody called: the program's returns, else every tool's together.
+    assert ttl_model.ttl("build", 1000, tenant="a", program_id="a/1") == 1.0
+    ttl_model.forget_program("a/1")
+    assert ttl_model.ttl("build", 1000, tenant="a", program_id="a/1") == 1.0
+
+
+def test_a_single_distribution_prices_every_pin_from_every_tools_returns() -> None:
+    ttl_model = model(durations_by="single")
+    ttl_model.observe_queueing_delay_without_kv(10.0)
+    for _ in range(3):
+        ttl_model.observe_tool_duration("read_file", 0.05, tenant="a")
+    for _ in range(3):
+        ttl_model.observe_tool_duration("run_tests", 20.0, tenant="a")
+    # Half the returns in 50 ms: one TTL for both, whichever tool is running.
+    assert ttl_model.ttl("read_file", 1000, tenant="a") == 0.05
+    assert ttl_model.ttl("run_tests", 1000, tenant="a") == 0.05
+    by_tool = model()
+    by_tool.observe_queueing_delay_without_kv(10.0)
+    for _ in range(3):
+        by_tool.observe_tool_duration("run_tests", 20.0, tenant="a")
+    # A 20 s test run is worth no pin when a return saves 10 s: 1·10 - 20 < 0.
+    assert by_tool.ttl("run_tests", 1000, tenant="a") == 0.0
+    for _ in range(3):
+        by_tool.observe_tool_duration("read_file", 0.05, tenant="a")
+    assert by_tool.ttl("read_file", 1000, tenant="a") == 0.05
+
+
+def test_the_programs_own_returns_are_kept_for_the_programs_tracked() -> None:
+    ttl_model = model(max_tracked_programs=2)
+    for program in ("p1", "p2", "p3"):
+        for _ in range(3):
+            ttl_model.observe_tool_duration("x", 5.0, tenant=program, program_id=program)
+    ttl_model.observe_queueing_delay_without_kv(10.0)
+    # p1's returns were dropped for p3's: a tool it never called falls back to
+    # every tool's (5 s all the same); kept programs answer from their own.
+    assert ttl_model.ttl("y", 1000, tenant="z", program_id="p3") == 5.0
+    assert "p1" not in ttl_model._program_durations

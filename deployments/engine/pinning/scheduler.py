@@ -62,6 +62,8 @@ class PinningSchedulerMixin:
                 sample_window=settings.sample_window,
                 default_memoryfulness=settings.default_memoryfulness,
                 use_cost_model=settings.mode == "cost_model",
+                durations_by=settings.durations_by,
+                max_tracked_programs=settings.max_tracked_programs,
             ),
             pinning_on=settings.mode != "off",
             total_blocks=self._block_pool.num_gpu_blocks,
@@ -246,10 +248,10 @@ class PinningSchedulerMixin:
                 self._release(self._pinning.on_turn_ended(program_id, tool, now, holding_cost))
             case EngineOperation.END_PROGRAM:
                 (program_id,) = arguments
-                self._release(self._pinning.end_program(program_id))
+                self._release(self._pinning.end_program(program_id, now))
             case EngineOperation.RELEASE_PIN:
                 (program_id,) = arguments
-                self._release(self._pinning.release_moved(program_id))
+                self._release(self._pinning.release_moved(program_id, now))
             case EngineOperation.SET_PREFILL_PROFILE:
                 self._pinning.cost_model.prefill_profile = PrefillProfile(*arguments)
             case EngineOperation.STATS:
@@ -261,7 +263,7 @@ class PinningSchedulerMixin:
         return None
 
     def shutdown(self) -> None:
-        self._release(self._pinning.release_all())
+        self._release(self._pinning.release_all(now=time.time()))
         self._publish()
         if self._ledger is not None:
             self._ledger.close()

@@ -296,8 +296,11 @@ def repaired_prompt(
     start = len(held.prompt_ids) if reply_from is None else reply_from
     if list(prompt_ids[:start]) != list(held.prompt_ids[:start]) or not held.output_ids:
         return None
-    if reply_from is not None and list(prompt_ids[:start]).count(end_of_turn_id) != len(
-        held.client_messages
+    # The reply's turn must be the one after every turn before the server's rounds.
+    turns_before_rounds = list(held.prompt_ids).count(end_of_turn_id) - held.server_added
+    if (
+        reply_from is not None
+        and list(prompt_ids[:start]).count(end_of_turn_id) != turns_before_rounds
     ):
         return None
     output = list(held.output_ids)
@@ -325,13 +328,31 @@ class Verdict:
 def carried_repairs(held: HeldTurn, prompt_ids: Sequence[int]) -> list[int] | None:
     """The prompt with the earlier turns' repairs carried on: where it starts with
     the last prompt as the front end rendered it, that part as the engine ran it.
-    None where there is nothing to carry (no repair, or another start)."""
+    Where the last prompt ends with rounds the server added and the client left
+    them out, the prompt follows the rendered one up to those rounds only: past
+    the last repair, a position there is the same token in the prompt as run,
+    shifted by what the repairs changed in length. None where there is nothing
+    to carry (no repair, or another start)."""
     rendered = held.rendered_prompt_ids
-    if rendered is None or len(prompt_ids) < len(rendered):
+    if rendered is None:
         return None
-    if array("i", prompt_ids[: len(rendered)]) != array("i", rendered):
+    shared = first_divergence(rendered, prompt_ids)
+    if shared is None:
+        return [*held.prompt_ids, *prompt_ids[len(rendered) :]]
+    if not held.server_added:
         return None
-    return [*held.prompt_ids, *prompt_ids[len(rendered) :]]
+    unchanged_tail = _common_suffix(rendered, held.prompt_ids)
+    if shared < len(rendered) - unchanged_tail:
+        return None
+    shift = len(held.prompt_ids) - len(rendered)
+    return [*held.prompt_ids[: shared + shift], *prompt_ids[shared:]]
+
+
+def _common_suffix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens `a` and `b` end with alike."""
+    length = min(len(a), len(b))
+    differs = first_divergence(a[len(a) - length :][::-1], b[len(b) - length :][::-1])
+    return length if differs is None else differs
 
 
 class HeldTurns:
