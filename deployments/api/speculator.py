@@ -90,6 +90,8 @@ class SpeculationTurn:
     tenant: str
     user_text: str
     last_call: ObservedCall | None
+    launched: bool = False
+    """Speculated on (the server may run its calls); else only learned from."""
     issued: dict[str, PredictedCall] = field(default_factory=dict)
     runs: dict[str, asyncio.Task[ToolOutcome]] = field(default_factory=dict)
     draft_tokens: int = 0
@@ -143,7 +145,8 @@ class Speculator:
         )
         self._turns = Counter(
             "toolserve_speculation_turns",
-            description="Turns speculated on (they declared hosted tools), settled: the "
+            description="Turns speculated on (they declared hosted tools the server may run), "
+            "settled: the "
             "denominator of speculation's waste per 100 turns.",
         )
         self._tool_cpu = Counter(
@@ -186,6 +189,7 @@ class Speculator:
             tenant=tenant,
             user_text=latest_user_text(messages),
             last_call=history[-1] if history else None,
+            launched=launch,
         )
         if launch:
             learned_chosen: list[PredictedCall] = []
@@ -285,14 +289,17 @@ class Speculator:
         return issued
 
     def settle(self, turn: SpeculationTurn, actual: list[ObservedCall]) -> None:
-        """Learns the transitions the turn's calls made and counts its speculations
-        used or wasted; a draft answer still outstanding is too late to matter."""
+        """Learns the transitions the turn's calls made and, for a turn speculated
+        on, accounts its speculations used or wasted; a draft answer still
+        outstanding is too late to matter."""
         if turn.task is not None and not turn.task.done():
             turn.task.cancel()
         previous = turn.last_call
         for call in actual:
             self._predictor.observe(turn.agent, previous, call, turn.user_text)
             previous = call
+        if not turn.launched:
+            return
         settlement = settle(list(turn.issued.values()), actual)
         for prediction in settlement.used:
             self._used.inc(tags={"source": prediction.source})

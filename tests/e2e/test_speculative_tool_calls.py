@@ -174,10 +174,10 @@ def test_a_tool_with_side_effects_runs_only_once_its_call_is_written(
 
     deadline = time.monotonic() + 30
     ledger = _ledger(cluster, api_key)
-    while ledger["turns"] < 3 and time.monotonic() < deadline:
+    while ledger["turns"] < 1 and time.monotonic() < deadline:
         time.sleep(0.5)
         ledger = _ledger(cluster, api_key)
-    assert ledger["turns"] == 3, ledger
+    assert ledger["turns"] == 1, ledger  # the probes were handed back: not speculated on
     assert ledger["tools"]["close_record"]["issued"] == 0, ledger
 
 
