@@ -145,9 +145,8 @@ class Speculator:
         )
         self._turns = Counter(
             "toolserve_speculation_turns",
-            description="Turns speculated on (they declared hosted tools the server may run), "
-            "settled: the "
-            "denominator of speculation's waste per 100 turns.",
+            description="Turns speculated on (they declared hosted tools the server may "
+            "run), settled: the denominator of speculation's waste per 100 turns.",
         )
         self._tool_cpu = Counter(
             "toolserve_speculation_tool_cpu_seconds",
