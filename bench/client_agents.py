@@ -18,14 +18,18 @@ from typing import Any
 import httpx2
 from openai import AsyncOpenAI
 
-from bench.driver import StallMonitor, reply_from_completion, reply_from_stream
+from bench.driver import (
+    REPLICA_HEADER,
+    REQUEST_TIMEOUT_S,
+    StallMonitor,
+    reply_from_completion,
+    reply_from_stream,
+)
 from bench.records import ClientStall, ProgramRecord, RequestRecord, RunResult
 from bench.workloads.client_agents import ClientAgent, ClientAgentsConfig, instructions, run_tool
 from cluster.openai_protocol import executed_messages
 
-_REQUEST_TIMEOUT_S = 900.0
 PREFIX_HEADER = "x-toolserve-prefix"
-REPLICA_HEADER = "x-toolserve-replica"
 
 
 @dataclass
@@ -147,7 +151,7 @@ class Connection:
             base_url=self.base_url,
             api_key="toolserve-bench",
             max_retries=0,
-            timeout=_REQUEST_TIMEOUT_S,
+            timeout=REQUEST_TIMEOUT_S,
             default_headers={"X-Session-ID": self.session_id},
             http_client=self.http,
         )
@@ -353,7 +357,7 @@ async def _run_agent(
 ) -> tuple[ProgramRecord, list[RequestRecord]]:
     await asyncio.sleep(max(0.0, agent.arrival_s - (time.monotonic() - started)))
     recorder = WireRecorder()
-    http = httpx2.AsyncClient(transport=recorder, timeout=_REQUEST_TIMEOUT_S)
+    http = httpx2.AsyncClient(transport=recorder, timeout=REQUEST_TIMEOUT_S)
     connection = Connection(
         target.base_url, target.model, f"{agent.program_id}.r{target.repeat}", http
     )

@@ -26,7 +26,7 @@ from bench.workloads.program import AgentProgram, Reply, ToolCall, ToolOutcome, 
 from cluster.openai_protocol import ToolCallDeltas, executed_messages
 from toolworkers.client import SpeculativeToolClient
 
-_REQUEST_TIMEOUT_S = 900.0
+REQUEST_TIMEOUT_S = 900.0
 
 
 STALL_PROBE_INTERVAL_S = 0.25
@@ -159,7 +159,7 @@ class Driver:
             base_url=base_url,
             api_key="toolserve-bench",
             max_retries=0,
-            timeout=_REQUEST_TIMEOUT_S,
+            timeout=REQUEST_TIMEOUT_S,
         )
 
     async def close(self) -> None:

@@ -196,9 +196,14 @@ def turn_entry(settlement: Settlement, draft_tokens: int) -> LedgerEntry:
             increments[f"{prediction.name}|issued"] += 1
             increments[f"{prediction.name}|{outcome}"] += 1
     if draft_tokens:
-        draft_used = any(p.source == DRAFT_SOURCE for p in settlement.used)
-        increments[f"{DRAFT_TOKENS}|{'used' if draft_used else 'discarded'}"] += draft_tokens
+        increments[f"{DRAFT_TOKENS}|{draft_outcome(settlement)}"] += draft_tokens
     return LedgerEntry(dict(increments))
+
+
+def draft_outcome(settlement: Settlement) -> str:
+    """What the draft model's tokens for a turn bought: `used` when one of its
+    guesses was, else `discarded`."""
+    return "used" if any(p.source == DRAFT_SOURCE for p in settlement.used) else "discarded"
 
 
 def run_cost_entry(tool: str, used: bool, cpu_s: float) -> LedgerEntry:

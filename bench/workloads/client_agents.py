@@ -15,6 +15,8 @@ returning request's previous prompt and reply the server had in its cache."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import random
 from collections.abc import Callable
@@ -36,13 +38,19 @@ HOSTED_TOOL = "calculator"
 HOSTED_TOOL_FUNCTION = "toolworkers.hosted_tools:calculator"
 
 
-def hosted_tool_schema() -> dict[str, Any]:
-    """The calculator as `GET /v1/tools` lists it on a server that hosts it."""
+@functools.cache
+def _hosted_tool_schema() -> dict[str, Any]:
     registry = ToolRegistry.from_config(
         ToolsConfig(hosted=[HostedToolConfig(function=HOSTED_TOOL_FUNCTION)])
     )
     (schema,) = registry.openai_schemas()
     return schema
+
+
+def hosted_tool_schema() -> dict[str, Any]:
+    """The calculator as `GET /v1/tools` lists it on a server that hosts it (a
+    copy: the libraries may change what they are given)."""
+    return copy.deepcopy(_hosted_tool_schema())
 
 
 CLIENT_TOOL_SCHEMAS: list[dict[str, Any]] = [
@@ -73,6 +81,7 @@ _ITEMS = (
 _WAREHOUSES = ("Leeds", "Lyon", "Porto", "Gdansk")
 
 
+@functools.cache
 def instructions() -> str:
     """The agents' instructions: policies and a catalogue (about 1,200 tokens of
     SmolLM2's), the same for every program, as one deployment's agents share theirs."""
@@ -125,18 +134,20 @@ def check_stock(item: str) -> str:
     )
 
 
+_AGENT_TOOLS: dict[str, Callable[..., str]] = {
+    "lookup_order": lookup_order,
+    "check_stock": check_stock,
+    HOSTED_TOOL: calculate,
+}
+
+
 def run_tool(name: str, arguments: dict[str, Any]) -> str:
     """A tool call as the agent's own code runs it; errors become the result text,
     as the libraries report them to the model."""
-    functions: dict[str, Callable[..., str]] = {
-        "lookup_order": lookup_order,
-        "check_stock": check_stock,
-        HOSTED_TOOL: calculate,
-    }
-    if name not in functions:
+    if name not in _AGENT_TOOLS:
         return f"Error: there is no tool named {name!r}."
     try:
-        return functions[name](**arguments)
+        return _AGENT_TOOLS[name](**arguments)
     except (ToolError, TypeError, ValueError, ArithmeticError) as error:
         return f"Error: {error}"
 
@@ -214,12 +225,13 @@ class ClientAgentsConfig(BaseModel):
             for placement in self.placements
         ]
         agents: list[ClientAgent] = []
-        for copy in range(self.programs_per_kind):
+        for number in range(self.programs_per_kind):
             for library, stream, placement in kinds:
                 ask = _hosted_questions if placement == "hosted" else _client_questions
+                mode = "s" if stream else "p"
                 agents.append(
                     ClientAgent(
-                        program_id=f"{library}-{'s' if stream else 'p'}-{placement}-{copy}-{seed}",
+                        program_id=f"{library}-{mode}-{placement}-{number}-{seed}",
                         library=library,
                         stream=stream,
                         placement=placement,

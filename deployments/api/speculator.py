@@ -36,6 +36,7 @@ from toolworkers.predictor import (
 from toolworkers.speculation import (
     SpeculationPolicy,
     call_identity,
+    draft_outcome,
     draft_predictions,
     draft_request,
     ledger_view,
@@ -307,8 +308,7 @@ class Speculator:
         entry = turn_entry(settlement, turn.draft_tokens)
         self._turns.inc()
         if turn.draft_tokens:
-            outcome = "used" if entry.increments.get("draft_tokens|used") else "discarded"
-            self._draft_tokens.inc(turn.draft_tokens, tags={"outcome": outcome})
+            self._draft_tokens.inc(turn.draft_tokens, tags={"outcome": draft_outcome(settlement)})
         self._account(turn.tenant, entry.increments)
         for used, predictions in ((True, settlement.used), (False, settlement.wasted)):
             for prediction in predictions:
