@@ -118,8 +118,9 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
         capture.start()
 
     def record_rounds(done: list[list[str]]) -> dict[str, Any]:
-        """The summary of the rounds done so far, written at once, so a run cut
-        short keeps every round it finished."""
+        """The summary, report and plots of the rounds done so far, written at
+        once, so a run cut short keeps every round it finished and its report's
+        plots exist."""
         summary = summarize(
             options,
             plan.description,
@@ -134,6 +135,12 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
         summary["rounds_planned"] = len(orders)
         write_summary(run_dir, summary)
         write_markdown(run_dir, summary)
+        write_plots(
+            run_dir,
+            list(runs),
+            [program for arm in runs.values() for program in arm.programs],
+            [request for arm in runs.values() for request in arm.requests],
+        )
         return summary
 
     try:
@@ -160,12 +167,6 @@ def run_benchmark(options: BenchOptions, log: Log = print) -> Path:
     note_code_state(provenance, REPO_ROOT, options.output_dir)
     provenance.finished_utc = utc_now()
     record_rounds(orders)
-    write_plots(
-        run_dir,
-        list(runs),
-        [program for arm in runs.values() for program in arm.programs],
-        [request for arm in runs.values() for request in arm.requests],
-    )
     log(f"bench: report at {run_dir / 'report.md'}")
     return run_dir
 
