@@ -275,7 +275,18 @@ class PinningConfig(_Strict):
         "evictable prefix cache (its blocks over the free blocks and its own), since "
         "new requests evict other programs' cached prefixes from the free blocks while "
         "it holds its own. Off: a pin costs only what requests waiting now need "
-        "beyond the free blocks, so while nobody waits it is held up to `max_ttl_s`.",
+        "beyond the free blocks, so while nobody waits it is held as long as "
+        "`idle_hold_factor` says.",
+    )
+    idle_hold_factor: float = Field(
+        default=2.0,
+        ge=1,
+        description="In `cost_model` mode, while nobody waits for the memory: a pin "
+        "is held this many times the longest return seen after its tool (at least "
+        "`fixed_ttl_s`, up to `max_ttl_s`). After n returns, the next is slower than "
+        "all of them about once in n + 1, while a pin held in vain keeps others' "
+        "cached prefixes out of the free blocks. A large factor holds every such pin "
+        "up to `max_ttl_s`.",
     )
     max_pinned_fraction: float = Field(
         default=0.5,

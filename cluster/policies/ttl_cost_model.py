@@ -21,6 +21,7 @@ from the free blocks, sooner the fewer there are beside the pin.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import Sequence
@@ -108,16 +109,22 @@ def holding_cost(
 
 
 def best_ttl(
-    durations: Sequence[float], benefit_s: float, max_ttl_s: float, holding_cost: float = 1.0
+    durations: Sequence[float],
+    benefit_s: float,
+    max_ttl_s: float,
+    holding_cost: float = 1.0,
+    idle_hold_factor: float = math.inf,
 ) -> float:
     """The τ in {0} and the observed durations (up to max_ttl_s) maximising
-    P(τ)·benefit - holding_cost·τ; max_ttl_s when holding costs nothing and a
-    pin pays at all.
+    P(τ)·benefit - holding_cost·τ; when holding costs nothing and a pin pays
+    at all, `idle_hold_factor` times that (up to max_ttl_s).
 
     The objective only rises at observed durations and falls in between, so the
-    optimum is one of them or 0; ties go to the shorter TTL. At zero cost it is
-    flat past the longest observed return, and a program slower than any seen
-    so far still gains from the longer pin.
+    optimum is one of them or 0; ties go to the shorter TTL. At zero cost the
+    optimum is the longest return seen, and the objective is flat past it: a
+    program slower than any seen so far still gains from a longer pin, but after
+    n returns the next is slower than all of them only once in n + 1, while a pin
+    held in vain keeps others' cached prefixes out of the free blocks.
     """
     best, best_value = 0.0, 0.0
     for candidate in sorted(set(durations)):
@@ -127,7 +134,7 @@ def best_ttl(
         if value > best_value:
             best, best_value = candidate, value
     if holding_cost <= 0 and best_value > 0:
-        return max_ttl_s
+        return min(max_ttl_s, best * idle_hold_factor)
     return best
 
 
@@ -173,10 +180,12 @@ class TtlCostModel:
         default_memoryfulness: float,
         use_cost_model: bool = True,
         durations_by: DurationsBy = "tool",
+        idle_hold_factor: float = math.inf,
         max_tracked_programs: int = 4096,
     ):
         self._fixed_ttl_s = min(fixed_ttl_s, max_ttl_s)
         self.max_ttl_s = max_ttl_s
+        self._idle_hold_factor = idle_hold_factor
         self._min_tool_samples = min_tool_samples
         self._use_cost_model = use_cost_model
         self._durations_by = durations_by
@@ -274,7 +283,8 @@ class TtlCostModel:
         costs nothing (a pin on memory nobody waits for delays nobody).
 
         A client's `retain_for_s` is the TTL (up to `max_ttl_s`), in every mode;
-        its `expected_tool_s` stands in for the tool's observed durations."""
+        its `expected_tool_s` stands in for the tool's observed durations. While
+        holding costs nothing, a pin that pays at all lasts at least the fixed TTL."""
         if hint is not None and hint.retain_for_s is not None:
             return min(hint.retain_for_s, self.max_ttl_s)
         if not self._use_cost_model:
@@ -286,4 +296,10 @@ class TtlCostModel:
         if durations is None:
             return self.max_ttl_s if holding_cost <= 0 else self._fixed_ttl_s
         benefit = self.mean_queueing_delay_s * self.memoryfulness + self.reload_s(context_tokens)
-        return best_ttl(list(durations), benefit, self.max_ttl_s, holding_cost)
+        ttl = best_ttl(
+            list(durations), benefit, self.max_ttl_s, holding_cost, self._idle_hold_factor
+        )
+        if holding_cost <= 0 and ttl > 0:
+            # A fast tool's returns are late by the client's own stalls, not the tool.
+            return max(ttl, self._fixed_ttl_s)
+        return ttl

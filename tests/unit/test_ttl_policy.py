@@ -15,7 +15,7 @@ from cluster.policies.ttl_cost_model import (
 )
 
 
-def model(**overrides: float) -> TtlCostModel:
+def model(**overrides: float | str) -> TtlCostModel:
     settings = {
         "fixed_ttl_s": 2.0,
         "max_ttl_s": 30.0,
@@ -64,6 +64,11 @@ def test_best_ttl_holds_longer_when_nobody_wants_the_memory() -> None:
     # Free memory: the cap, for returns slower than any seen yet.
     assert best_ttl(durations, benefit_s=10, max_ttl_s=60, holding_cost=0.0) == 60.0
     assert best_ttl([*durations, math.inf], benefit_s=10, max_ttl_s=60, holding_cost=0.0) == 60.0
+    # Or a multiple of the longest return seen, within the cap.
+    idle = {"benefit_s": 10, "max_ttl_s": 60, "holding_cost": 0.0}
+    assert best_ttl(durations, **idle, idle_hold_factor=2.0) == 40.0
+    assert best_ttl([*durations, math.inf], **idle, idle_hold_factor=2.0) == 40.0
+    assert best_ttl(durations, **idle, idle_hold_factor=4.0) == 60.0
     # Nothing to gain, or nobody ever back within the cap: still no pin.
     assert best_ttl(durations, benefit_s=0, max_ttl_s=60, holding_cost=0.0) == 0.0
     assert best_ttl([math.inf, 90.0], benefit_s=10, max_ttl_s=60, holding_cost=0.0) == 0.0
@@ -106,6 +111,30 @@ def test_charging_the_withheld_cache_ends_pins_at_the_slowest_return_seen() -> N
     charged = holding_cost(**idle_pool, charge_withheld_cache=True)
     assert ttl_model.ttl("test", 1000, holding_cost=uncharged) == 30.0
     assert ttl_model.ttl("test", 1000, holding_cost=charged) == 3.0
+
+
+def test_on_idle_memory_a_fast_tool_is_pinned_for_its_own_returns_not_the_slowest_tools() -> None:
+    """Nobody waits: priced by the tool being called, a file read's pin ends soon
+    after the slowest read seen (or the fixed TTL), a test run's after the slowest
+    run; priced from one distribution, every pin lasts as long as the slowest tool
+    needs."""
+    observed = {"read_file": [0.05, 0.1, 0.2], "run_tests": [8.0, 12.0, 9.0]}
+    by_tool = model(idle_hold_factor=2.0)
+    single = model(idle_hold_factor=2.0, durations_by="single")
+    for ttl_model in (by_tool, single):
+        for tool, durations in observed.items():
+            for duration in durations:
+                ttl_model.observe_tool_duration(tool, duration)
+        ttl_model.observe_queueing_delay_without_kv(10.0)
+    assert by_tool.ttl("read_file", 1000, holding_cost=0.0) == 2.0  # the fixed TTL's floor
+    assert by_tool.ttl("run_tests", 1000, holding_cost=0.0) == 24.0
+    assert single.ttl("read_file", 1000, holding_cost=0.0) == 24.0
+    assert single.ttl("run_tests", 1000, holding_cost=0.0) == 24.0
+    small_floor = model(idle_hold_factor=2.0, fixed_ttl_s=0.1)
+    for duration in observed["read_file"]:
+        small_floor.observe_tool_duration("read_file", duration)
+    small_floor.observe_queueing_delay_without_kv(10.0)
+    assert small_floor.ttl("read_file", 1000, holding_cost=0.0) == pytest.approx(0.4)
 
 
 def test_cost_model_charges_the_holding_cost() -> None:

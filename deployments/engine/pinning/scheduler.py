@@ -63,6 +63,7 @@ class PinningSchedulerMixin:
                 default_memoryfulness=settings.default_memoryfulness,
                 use_cost_model=settings.mode == "cost_model",
                 durations_by=settings.durations_by,
+                idle_hold_factor=settings.idle_hold_factor,
                 max_tracked_programs=settings.max_tracked_programs,
             ),
             pinning_on=settings.mode != "off",
