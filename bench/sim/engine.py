@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from bench.sim.blocks import BlockPool
+from bench.sim.drafts import NgramDrafts
+from bench.sim.request import SimRequest
 from bench.sim.step_time import StepTimeModel, StepWork
 from cluster.policies.pinning_controller import Pin, PinningController
 from cluster.policies.ttl_cost_model import holding_cost
@@ -28,35 +30,6 @@ class SimEngineSettings(BaseModel):
     block_size: int = Field(gt=0, description="Tokens per block.")
     max_num_seqs: int = Field(gt=0, description="Most sequences running at once.")
     max_batched_tokens: int = Field(gt=0, description="Most tokens computed in one step.")
-
-
-@dataclass
-class SimRequest:
-    """One model turn: a prompt of `prompt_tokens`, then `output_tokens` decoded."""
-
-    request_id: int
-    program_id: str
-    prompt_tokens: int
-    output_tokens: int
-    arrived_at: float
-    tool: str | None = None
-    """The tool the reply calls (None: the reply calls none)."""
-    last_step: bool = False
-    queue_place: float = 0.0
-    generated: int = 0
-    computed: int = 0
-    named_blocks: int = 0
-    blocks: list[int] = field(default_factory=list)
-    admitted: bool = False
-    cached_tokens: int = 0
-    """Prompt tokens found in the prefix cache at the first admission."""
-    first_token_at: float | None = None
-    finished_at: float | None = None
-    preemptions: int = 0
-
-    @property
-    def tokens(self) -> int:
-        return self.prompt_tokens + self.generated
 
 
 @dataclass
@@ -78,6 +51,16 @@ class StepResult:
 
 
 @dataclass(frozen=True)
+class _Scheduled:
+    request: SimRequest
+    tokens: int
+    """Context tokens computed: a prefill chunk, or a decoding sequence's last one."""
+    decode: bool
+    drafts: int = 0
+    """Proposed tokens verified beside a decoding sequence's last one."""
+
+
+@dataclass(frozen=True)
 class PinningGlue:
     """toolserve's engine: the controller and the scheduler's settings for it."""
 
@@ -93,8 +76,10 @@ class SimEngine:
         settings: SimEngineSettings,
         step_time: StepTimeModel,
         pinning: PinningGlue | None = None,
+        drafts: NgramDrafts | None = None,
     ):
         self.name = name
+        self._drafts = drafts
         self.settings = settings
         self.pool = BlockPool(settings.blocks)
         self._step_time = step_time
@@ -160,21 +145,27 @@ class SimEngine:
             self._after_schedule(scheduled, preempted, now)
         work = StepWork(
             prefills=tuple(
-                (tokens, request.computed)
-                for request, tokens in scheduled
-                if not self._is_decode(request, tokens)
+                (entry.tokens, entry.request.computed) for entry in scheduled if not entry.decode
             ),
-            decodes=tuple(
-                request.tokens for request, tokens in scheduled if self._is_decode(request, tokens)
-            ),
+            decodes=tuple(entry.request.tokens for entry in scheduled if entry.decode),
+            drafts=sum(entry.drafts for entry in scheduled),
         )
         seconds = self._step_time.seconds(work) if scheduled else 0.0
         end = now + seconds
         finished = []
-        for request, tokens in scheduled:
-            if not self._is_decode(request, tokens):
-                self.counters.prompt_tokens_computed += tokens
-            request.computed += tokens
+        for entry in scheduled:
+            request = entry.request
+            if entry.decode:
+                accepted = (
+                    self._drafts.verify(request, entry.drafts)
+                    if self._drafts is not None and entry.drafts
+                    else 0
+                )
+                request.computed += 1 + accepted
+                request.generated += accepted
+            else:
+                self.counters.prompt_tokens_computed += entry.tokens
+                request.computed += entry.tokens
             self._name_full_blocks(request)
             if request.computed < request.tokens:
                 continue
@@ -188,25 +179,27 @@ class SimEngine:
         self.counters.busy_s += seconds
         return StepResult(len(scheduled), seconds, finished)
 
-    @staticmethod
-    def _is_decode(request: SimRequest, tokens: int) -> bool:
-        return tokens == 1 and request.computed >= request.prompt_tokens
-
-    def _schedule(self, now: float) -> tuple[list[tuple[SimRequest, int]], bool]:
+    def _schedule(self, now: float) -> tuple[list[_Scheduled], bool]:
         budget = self.settings.max_batched_tokens
-        scheduled: list[tuple[SimRequest, int]] = []
+        scheduled: list[_Scheduled] = []
         preempted = False
+        proposals: dict[int, int] = {}
+        if self._drafts is not None:
+            decoding = [r for r in self.running if r.tokens - r.computed == 1]
+            proposals = self._drafts.proposals(decoding, len(self.running))
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             tokens = min(request.tokens - request.computed, budget)
-            while not self._grow(request, request.computed + tokens):
+            decode = request.tokens - request.computed == 1
+            drafts = min(proposals.get(request.request_id, 0), budget - 1) if decode else 0
+            while not self._grow(request, request.computed + tokens + drafts):
                 victim = self._victim()
                 position = self.running.index(victim)
                 for entry in scheduled:
-                    if entry[0] is victim:
+                    if entry.request is victim:
                         scheduled.remove(entry)
-                        budget += entry[1]
+                        budget += entry.tokens + entry.drafts
                         break
                 self._preempt(victim)
                 preempted = True
@@ -215,8 +208,8 @@ class SimEngine:
                 if victim is request:
                     break
             else:
-                scheduled.append((request, tokens))
-                budget -= tokens
+                scheduled.append(_Scheduled(request, tokens, decode, drafts))
+                budget -= tokens + drafts
                 index += 1
         if preempted:
             return scheduled, True
@@ -227,7 +220,9 @@ class SimEngine:
                 break
             self.waiting.pop(0)
             self.running.append(request)
-            scheduled.append((request, tokens))
+            scheduled.append(
+                _Scheduled(request, tokens, decode=tokens == 1 and request.generated > 0)
+            )
             budget -= tokens
         return scheduled, False
 
@@ -293,6 +288,8 @@ class SimEngine:
     def _finish(self, request: SimRequest, now: float) -> None:
         request.finished_at = now
         self.running.remove(request)
+        if self._drafts is not None:
+            self._drafts.forget(request)
         if self._pinning is not None:
             named = [
                 block_id
@@ -319,9 +316,7 @@ class SimEngine:
         if self.waiting:
             self._admission_rule(self.waiting[0], running_reserve, now)
 
-    def _after_schedule(
-        self, scheduled: list[tuple[SimRequest, int]], preempted: bool, now: float
-    ) -> None:
+    def _after_schedule(self, scheduled: list[_Scheduled], preempted: bool, now: float) -> None:
         assert self._pinning is not None
         if preempted:
             self._release(self._pinning.controller.relieve_pressure(now=now))

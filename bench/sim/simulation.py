@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from bench.sim.engine import EngineCounters, SimEngine, SimRequest
+from bench.sim.engine import EngineCounters, SimEngine
+from bench.sim.request import SimRequest
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,14 @@ class StepWork:
 
     prefills: tuple[tuple[int, int], ...] = ()
     decodes: tuple[int, ...] = ()
+    drafts: int = 0
+    """Proposed tokens verified beside the decoding sequences' own."""
 
-    def features(self) -> tuple[float, float, float, float, float]:
+    def features(self) -> tuple[float, ...]:
         """The step's terms in the order of `StepTimeModel`'s coefficients."""
         new_tokens = sum(new for new, _ in self.prefills)
         attended = sum(new * before + new * new / 2 for new, before in self.prefills)
-        return (1.0, new_tokens, attended, len(self.decodes), sum(self.decodes))
+        return (1.0, new_tokens, attended, len(self.decodes), sum(self.decodes), self.drafts)
 
     @property
     def idle(self) -> bool:
@@ -44,6 +46,9 @@ class StepTimeModel(BaseModel):
     decode_context_s: float = Field(
         ge=0, description="Per context token a decoding sequence attends."
     )
+    draft_token_s: float = Field(
+        default=0.0, ge=0, description="Per proposed token verified beside a decoding one."
+    )
 
     def seconds(self, work: StepWork) -> float:
         coefficients = (
@@ -52,6 +57,7 @@ class StepTimeModel(BaseModel):
             self.prefill_attention_s,
             self.decode_sequence_s,
             self.decode_context_s,
+            self.draft_token_s,
         )
         return sum(c * f for c, f in zip(coefficients, work.features(), strict=True))
 
@@ -59,8 +65,8 @@ class StepTimeModel(BaseModel):
     def fit(cls, steps: Sequence[StepWork], seconds: Sequence[float]) -> StepTimeModel:
         """Least squares over timed steps, each coefficient kept at zero or above
         (a term fitted below zero is dropped and the rest fitted again)."""
-        if len(steps) != len(seconds) or len(steps) < 5:
-            raise ValueError("a fit needs at least five timed steps")
+        if len(steps) != len(seconds) or len(steps) < 6:
+            raise ValueError("a fit needs at least six timed steps")
         features = np.array([step.features() for step in steps], dtype=float)
         target = np.asarray(seconds, dtype=float)
         kept = list(range(features.shape[1]))
@@ -79,4 +85,5 @@ class StepTimeModel(BaseModel):
             prefill_attention_s=coefficients[2],
             decode_sequence_s=coefficients[3],
             decode_context_s=coefficients[4],
+            draft_token_s=coefficients[5],
         )

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from cluster.config import PromptLookupConfig
+
 CALL = "tool_call"
 PROSE = "prose"
 
@@ -38,6 +40,20 @@ class GateSettings:
     prior_decay: float = 0.98
     """Weight each earlier prose step keeps in the engine's recent acceptance, per
     verified prose step after it."""
+
+
+def gate_settings(config: PromptLookupConfig) -> GateSettings:
+    """The gate a prompt-lookup configuration describes."""
+    return GateSettings(
+        window=config.window,
+        prose_floor=config.prose_floor,
+        ema_weight=config.ema_weight,
+        initial_acceptance=config.initial_acceptance,
+        max_decoders=config.max_decoders,
+        min_prose_acceptance=config.min_prose_acceptance,
+        probe_every=config.probe_every,
+        learned_initial_acceptance=config.learned_initial_acceptance,
+    )
 
 
 class CallRegions:

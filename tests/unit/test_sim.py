@@ -9,11 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.sim.blocks import BlockPool
-from bench.sim.engine import PinningGlue, SimEngine, SimEngineSettings, SimRequest
+from bench.sim.drafts import DraftRates, NgramDrafts
+from bench.sim.engine import PinningGlue, SimEngine, SimEngineSettings
+from bench.sim.request import SimRequest
 from bench.sim.routing import SessionHashRouting, ToolserveRouting
 from bench.sim.simulation import SimProgram, SimTurn, Simulation, SimulationStuck
 from bench.sim.step_time import StepTimeModel, StepWork
-from cluster.config import PinningConfig, RoutingConfig
+from cluster.config import PinningConfig, PromptLookupConfig, RoutingConfig
+from cluster.policies.draft_gate import ProposalGate, gate_settings
 from cluster.policies.pinning_controller import pinning_controller
 
 STEP_TIME = StepTimeModel(
@@ -210,3 +213,40 @@ def test_toolserve_routing_spreads_programs_and_keeps_each_on_its_replica() -> N
     for outcome in result.programs:
         assert len(set(outcome.replicas)) == 1, outcome.replicas
     assert len({outcome.replicas[0] for outcome in result.programs}) > 1
+
+
+def _decode_steps(drafts: NgramDrafts | None) -> tuple[int, SimRequest]:
+    shape = SimEngineSettings(blocks=64, block_size=16, max_num_seqs=8, max_batched_tokens=256)
+    replica = SimEngine("r0", shape, STEP_TIME, drafts=drafts)
+    request = SimRequest(0, "p", prompt_tokens=40, output_tokens=60, arrived_at=0.0)
+    replica.add(request, 0.0)
+    steps = 0
+    while replica.busy:
+        replica.step(0.0)
+        steps += 1
+    return steps, request
+
+
+def test_accepted_drafts_write_several_tokens_a_step_and_exactly_the_output() -> None:
+    rates = DraftRates(window=4, match_rate=1.0, acceptance=0.9, call_acceptance=0.9)
+    plain, _ = _decode_steps(None)
+    drafts = NgramDrafts(rates, seed=1)
+    drafted, request = _decode_steps(drafts)
+    assert plain == 60
+    assert drafted < plain / 2
+    assert request.generated == 60
+    assert 0 < drafts.accepted <= drafts.drafted
+
+
+def test_the_gate_withholds_drafts_above_its_decoders() -> None:
+    rates = DraftRates(window=4, match_rate=1.0, acceptance=0.9, call_acceptance=0.9)
+    closed = ProposalGate(gate_settings(PromptLookupConfig(max_decoders=0)))
+    drafts = NgramDrafts(rates, seed=1, gate=closed)
+    steps, _ = _decode_steps(drafts)
+    assert steps == 60 and drafts.drafted == 0
+
+
+def test_the_per_token_acceptance_gives_the_accepted_share() -> None:
+    chance = DraftRates.acceptance_for(0.5, window=4)
+    expected = sum(chance**position for position in range(1, 5)) / 4
+    assert expected == pytest.approx(0.5, abs=1e-6)
