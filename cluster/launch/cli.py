@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from cluster.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
+from cluster.config import DEFAULT_CONFIG_PATH, ConfigError, ToolserveConfig, load_config
 
 if TYPE_CHECKING:
     from cluster.launch.node_namespaces import NamespaceCluster
@@ -284,6 +284,22 @@ def _bench_table(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         _log(f"error: {error}")
         return 2
+    return 0
+
+
+def _sim_profile(args: argparse.Namespace) -> int:
+    from bench.runner import raw_profile_config
+    from bench.sim.profile import profile_engine
+    from bench.systems import engine_settings
+
+    config = ToolserveConfig.model_validate(raw_profile_config(args.config, args.model))
+    settings = engine_settings(config, args.kv_cache_mib * 2**20, args.max_model_len)
+    profile = profile_engine(settings, args.seed, _log)
+    profile.save(args.output)
+    _log(
+        f"sim profile: {profile.steps} steps fitted, median relative error "
+        f"{profile.median_relative_error:.1%} -> {args.output}"
+    )
     return 0
 
 
@@ -656,6 +672,19 @@ def build_parser() -> argparse.ArgumentParser:
         "a round, a line per system",
     )
     sweep.set_defaults(run=_bench_sweep)
+
+    sim_profile = commands.add_parser(
+        "sim-profile",
+        help="time the benchmark's vLLM engine step by step on this machine and fit the "
+        "simulator's step-time model to it",
+    )
+    sim_profile.add_argument("--config", type=Path, default=None, help="deployment profile")
+    sim_profile.add_argument("--model", default=None, help="another model for the engine")
+    sim_profile.add_argument("--kv-cache-mib", type=int, default=1536)
+    sim_profile.add_argument("--max-model-len", type=int, default=8192)
+    sim_profile.add_argument("--seed", type=int, default=0, help="seed of the prompts' tokens")
+    sim_profile.add_argument("--output", type=Path, required=True, metavar="JSON")
+    sim_profile.set_defaults(run=_sim_profile)
 
     helm_values = commands.add_parser(
         "helm-values", help="write the Helm chart's values for a profile (helm/toolserve)"

@@ -4,6 +4,9 @@ runs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,6 +14,7 @@ from hypothesis import strategies as st
 from bench.sim.blocks import BlockPool
 from bench.sim.drafts import DraftRates, NgramDrafts
 from bench.sim.engine import PinningGlue, SimEngine, SimEngineSettings
+from bench.sim.profile import StepProfile, TimedStep, fit_profile, step_work
 from bench.sim.request import SimRequest
 from bench.sim.routing import SessionHashRouting, ToolserveRouting
 from bench.sim.simulation import SimProgram, SimTurn, Simulation, SimulationStuck
@@ -250,3 +254,36 @@ def test_the_per_token_acceptance_gives_the_accepted_share() -> None:
     chance = DraftRates.acceptance_for(0.5, window=4)
     expected = sum(chance**position for position in range(1, 5)) / 4
     assert expected == pytest.approx(0.5, abs=1e-6)
+
+
+def test_a_scheduled_step_is_read_as_prefill_chunks_decodes_and_drafts(tmp_path: Path) -> None:
+    """vLLM's scheduler has already counted the step's tokens as computed."""
+    scheduler = SimpleNamespace(
+        requests={
+            "new": SimpleNamespace(num_computed_tokens=256, num_prompt_tokens=600),
+            "decoding": SimpleNamespace(num_computed_tokens=701, num_prompt_tokens=600),
+            "drafted": SimpleNamespace(num_computed_tokens=905, num_prompt_tokens=800),
+        }
+    )
+    output = SimpleNamespace(
+        num_scheduled_tokens={"new": 256, "decoding": 1, "drafted": 4},
+        scheduled_spec_decode_tokens={"drafted": [7, 8, 9]},
+    )
+    work = step_work(scheduler, output)
+    assert work == StepWork(prefills=((256, 0),), decodes=(701, 902), drafts=3)
+    timed = [
+        TimedStep(StepWork(((n, c),), tuple([500] * d), k), 0.01 + 0.001 * n + 0.002 * d)
+        for n, c, d, k in [(64, 0, 0, 0), (0, 0, 1, 0), (128, 64, 2, 3), (512, 0, 4, 0),
+                           (0, 0, 8, 4), (32, 2048, 3, 0), (256, 256, 0, 0)]
+    ]  # fmt: skip
+    profile = fit_profile(
+        timed,
+        model="m",
+        block_size=64,
+        max_num_seqs=32,
+        max_batched_tokens=2048,
+        kv_bytes_per_token=46080,
+    )
+    assert profile.median_relative_error == pytest.approx(0.0, abs=1e-6)
+    profile.save(tmp_path / "profile.json")
+    assert StepProfile.load(tmp_path / "profile.json") == profile
