@@ -303,6 +303,20 @@ def _sim_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sim_validate(args: argparse.Namespace) -> int:
+    from bench.sim.profile import StepProfile
+    from bench.sim.validate import simulate_run, validation_tables
+
+    profile = StepProfile.load(args.profile)
+    arms, ratios = [], []
+    for run_dir in args.runs:
+        run_arms, run_ratios = simulate_run(run_dir, profile)
+        arms += run_arms
+        ratios += run_ratios
+    print(validation_tables(arms, ratios), end="")
+    return 0
+
+
 def _bench_sweep(args: argparse.Namespace) -> int:
     from bench.sweep import (
         SweepError,
@@ -685,6 +699,17 @@ def build_parser() -> argparse.ArgumentParser:
     sim_profile.add_argument("--seed", type=int, default=0, help="seed of the prompts' tokens")
     sim_profile.add_argument("--output", type=Path, required=True, metavar="JSON")
     sim_profile.set_defaults(run=_sim_profile)
+
+    sim_validate = commands.add_parser(
+        "sim-validate",
+        help="simulate recorded runs turn by turn with their arms' policies and set the "
+        "simulated mean JCT, prefix hits, preemptions and JCT ratios beside the measured",
+    )
+    sim_validate.add_argument("runs", nargs="+", type=Path, help="recorded run folders")
+    sim_validate.add_argument(
+        "--profile", type=Path, required=True, metavar="JSON", help="a `sim-profile` output"
+    )
+    sim_validate.set_defaults(run=_sim_validate)
 
     helm_values = commands.add_parser(
         "helm-values", help="write the Helm chart's values for a profile (helm/toolserve)"

@@ -19,6 +19,8 @@ from bench.sim.request import SimRequest
 from bench.sim.routing import SessionHashRouting, ToolserveRouting
 from bench.sim.simulation import SimProgram, SimTurn, Simulation, SimulationStuck
 from bench.sim.step_time import StepTimeModel, StepWork
+from bench.sim.systems import recorded_system
+from bench.sim.validate import draft_rates
 from cluster.config import PinningConfig, PromptLookupConfig, RoutingConfig
 from cluster.policies.draft_gate import ProposalGate, gate_settings
 from cluster.policies.pinning_controller import pinning_controller
@@ -287,3 +289,48 @@ def test_a_scheduled_step_is_read_as_prefill_chunks_decodes_and_drafts(tmp_path:
     assert profile.median_relative_error == pytest.approx(0.0, abs=1e-6)
     profile.save(tmp_path / "profile.json")
     assert StepProfile.load(tmp_path / "profile.json") == profile
+
+
+def test_a_recorded_arm_is_simulated_with_the_policies_it_ran() -> None:
+    stock = recorded_system(
+        "stock-vllm", {"command": ["vllm", "--speculative-config", "{}"], "toolserve_config": None}
+    )
+    assert stock.pinning is None and stock.drafts == "ngram" and stock.routing == "session-hash"
+    toolserve = recorded_system(
+        "toolserve",
+        {
+            "toolserve_config": {
+                "main": {
+                    "pinning": {"mode": "fixed", "program_fcfs": True, "retired_setting": 1},
+                    "prompt_lookup": {"enabled": True, "max_decoders": 3},
+                }
+            }
+        },
+    )
+    assert toolserve.pinning is not None and toolserve.pinning.mode == "fixed"
+    assert toolserve.pinning.idle_hold_factor > 1e6  # recorded before the factor existed
+    assert toolserve.drafts == "gated" and toolserve.prompt_lookup.max_decoders == 3
+
+
+def test_draft_rates_come_from_the_arm_that_verified_every_proposal() -> None:
+    def work(drafted: float, accepted: float, generated: float) -> dict[str, object]:
+        return {
+            "work": {
+                "draft_tokens": {"mean": drafted},
+                "accepted_draft_tokens": {"mean": accepted},
+                "generation_tokens": {"mean": generated},
+            }
+        }
+
+    summary = {
+        "systems": {"toolserve": work(100, 90, 1000), "stock-vllm": work(2000, 500, 1500)},
+        "effective_configuration": {
+            "toolserve": {"command": ["toolserve"]},
+            "stock-vllm": {"command": ["vllm", "--speculative-config", "{}"]},
+        },
+    }
+    rates = draft_rates(summary)
+    assert rates is not None
+    assert rates.match_rate == pytest.approx(2000 / (4 * 1000))
+    expected = sum(rates.acceptance**position for position in range(1, 5)) / 4
+    assert expected == pytest.approx(500 / 2000, abs=1e-6)
