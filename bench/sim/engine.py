@@ -234,7 +234,10 @@ class SimEngine:
         hit_tokens = len(hit) * size
         tokens = min(request.tokens - hit_tokens, budget)
         new_blocks = math.ceil((hit_tokens + tokens) / size) - len(hit)
-        if self.pool.free - self.pool.unreferenced(hit) < new_blocks:
+        # vLLM admits a prompt only when all of it fits (`scheduler_reserve_full_isl`),
+        # not just its first chunk.
+        whole_prompt = math.ceil(request.tokens / size) - len(hit)
+        if self.pool.free - self.pool.unreferenced(hit) < whole_prompt:
             return None
         self.pool.take(hit)
         allocated = self.pool.allocate(new_blocks)

@@ -334,3 +334,15 @@ def test_draft_rates_come_from_the_arm_that_verified_every_proposal() -> None:
     assert rates.match_rate == pytest.approx(2000 / (4 * 1000))
     expected = sum(rates.acceptance**position for position in range(1, 5)) / 4
     assert expected == pytest.approx(500 / 2000, abs=1e-6)
+
+
+def test_a_prompt_waits_until_all_of_it_fits_not_just_its_first_chunk() -> None:
+    replica = engine(blocks=40)  # a step computes 256 tokens: 16 blocks
+    first = SimRequest(0, "a", prompt_tokens=400, output_tokens=40, arrived_at=0.0)
+    second = SimRequest(1, "b", prompt_tokens=300, output_tokens=4, arrived_at=0.0)
+    replica.add(first, 0.0)
+    replica.step(0.0)
+    replica.step(0.0)  # the first prompt is in: 25 blocks, 15 free
+    replica.add(second, 0.0)
+    replica.step(0.0)
+    assert replica.waiting == [second]  # its first chunk would fit, its 19 blocks do not
