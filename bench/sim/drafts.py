@@ -57,14 +57,16 @@ class NgramDrafts:
 
     def proposals(self, decoding: list[SimRequest], running: int) -> dict[int, int]:
         """Tokens each decoding request has verified this step."""
-        allowed = self._gate is None or self._gate.allows_drafts(running)
+        over_cap = self._gate is not None and self._gate.over_cap(running)
         lengths = {}
         for request in decoding:
-            if self._random.random() >= self.rates.match_rate or not allowed:
+            if self._random.random() >= self.rates.match_rate:
                 continue
             length = self.rates.window
             if self._gate is not None:
-                length = self._gate.draft_length(str(request.request_id), self.in_call(request))
+                length = self._gate.draft_length(
+                    str(request.request_id), self.in_call(request), over_cap
+                )
             left = request.output_tokens - request.generated - 1
             if min(length, left) > 0:
                 lengths[request.request_id] = min(length, left)

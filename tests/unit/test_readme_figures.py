@@ -196,7 +196,9 @@ def test_a_run_whose_engines_pinned_gets_a_retention_table(tmp_path: Path) -> No
     table = bench_table([run], tmp_path)
     assert "| toolserve | 3,000 | 1,000 | 25% | 90.0% |" in table
     assert "stock-vllm | 3,000" not in table
-    assert "pinned token-s used" not in bench_table([Path("bench/results/run-1")], _one_run(tmp_path))
+    assert "pinned token-s used" not in bench_table(
+        [Path("bench/results/run-1")], _one_run(tmp_path)
+    )
 
 
 def _one_run(root: Path) -> Path:

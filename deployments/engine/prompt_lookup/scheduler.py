@@ -80,15 +80,12 @@ class PromptLookupGateMixin:
         super().update_draft_token_ids(  # type: ignore[misc]
             DraftTokenIds(draft_token_ids.req_ids, drafts)
         )
-        allowed = self._gate.allows_drafts(len(base.running))
+        over_cap = self._gate.over_cap(len(base.running))
         for request_id in draft_token_ids.req_ids:
             request = base.requests.get(request_id)
             if request is None or not request.spec_token_ids:
                 continue
-            if not allowed:
-                request.spec_token_ids = []
-                continue
-            length = self._gate.draft_length(request_id, in_call[request_id])
+            length = self._gate.draft_length(request_id, in_call[request_id], over_cap)
             request.spec_token_ids = request.spec_token_ids[:length]
             if length:
                 self._granted[request_id] = (
