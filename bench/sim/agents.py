@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.records import ProgramRecord, RequestRecord, open_records
 from bench.sim.simulation import SimProgram, SimTurn
-from bench.workloads.replay import ReplayConfig, TokenText, generate_replay
+from bench.workloads.program import AgentProgram
+from bench.workloads.replay import ReplayProgram
 
 MESSAGE_MARKUP_TOKENS = 5
 """A chat message's own tokens in SmolLM2's template (`<|im_start|>role\\n`,
@@ -22,16 +24,16 @@ TOOL_SCHEMA_TOKENS = 60
 """A replayed tool's schema in the system prompt."""
 
 
-def replay_programs(config: ReplayConfig, seed: int, text: TokenText) -> list[SimProgram]:
-    """The programs `toolserve bench` replays with this config and seed, by their
-    drawn token counts plus the template's markup (estimated, see above)."""
-    profiles = {profile.name: profile for profile in config.profiles}
-    programs = []
-    for program in generate_replay(config, seed, text):
-        profile = profiles[program.agent_type]
+def replay_programs(programs: Sequence[AgentProgram]) -> list[SimProgram]:
+    """The programs a replay workload's plan built, by their drawn token counts
+    plus the template's markup (estimated, see above)."""
+    simulated = []
+    for program in programs:
+        if not isinstance(program, ReplayProgram):
+            raise ValueError(f"{program.program_id}: only replayed programs can be simulated")
         turns = tuple(
             SimTurn(
-                appended_tokens=shape.appended_tokens + MESSAGE_MARKUP_TOKENS + 2,
+                appended_tokens=shape.appended_tokens + MESSAGE_MARKUP_TOKENS,
                 output_tokens=shape.output_tokens
                 + (CALL_MARKUP_TOKENS if shape.tool is not None else 0),
                 pause_s=shape.pause_s,
@@ -40,16 +42,16 @@ def replay_programs(config: ReplayConfig, seed: int, text: TokenText) -> list[Si
             for shape in program.shapes
         )
         first_prompt = (
-            profile.first_prompt_tokens
+            program.first_prompt_tokens
             + 2 * MESSAGE_MARKUP_TOKENS
             + TOOL_SCHEMA_TOKENS * len(program.tools)
         )
-        programs.append(
+        simulated.append(
             SimProgram(
                 program.program_id, program.agent_type, program.arrival_s, first_prompt, turns
             )
         )
-    return programs
+    return simulated
 
 
 def recorded_programs(

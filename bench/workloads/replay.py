@@ -210,6 +210,8 @@ def fixed_call_text(lead: str, tool: str, target: str) -> str:
 @dataclass
 class ReplayProgram(AgentProgram):
     shapes: list[TurnShape] = field(default_factory=list)
+    first_prompt_tokens: int = 0
+    """The drawn length of the first message, in tokens."""
 
     pending_call_id: str | None = None
     """The call the last turn made, whose result the next turn's text is."""
@@ -319,6 +321,7 @@ def generate_replay(config: ReplayConfig, seed: int, text: TokenText) -> list[Re
                 messages=messages,
                 shapes=shapes,
                 temperature=config.temperature,
+                first_prompt_tokens=profile.first_prompt_tokens,
             )
         )
     return programs

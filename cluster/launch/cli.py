@@ -303,6 +303,39 @@ def _sim_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sim(args: argparse.Namespace) -> int:
+    from bench.sim.drafts import DraftRates
+    from bench.sim.profile import StepProfile
+    from bench.sim.run import simulate_replay, simulated_table
+    from bench.sim.systems import CATALOG
+    from bench.workloads import plan_workload
+
+    names = [name for name in args.systems.split(",") if name]
+    unknown = [name for name in names if name not in CATALOG]
+    if unknown:
+        _log(f"error: unknown systems {unknown}; simulated: {', '.join(CATALOG)}")
+        return 2
+    rates = None
+    if args.draft_rates:
+        match_rate, accepted = (float(part) for part in args.draft_rates.split(","))
+        acceptance = DraftRates.acceptance_for(accepted, 4)
+        rates = DraftRates(
+            window=4, match_rate=match_rate, acceptance=acceptance, call_acceptance=acceptance
+        )
+    plan = plan_workload(args.workload, args.size, args.programs)
+    figures = simulate_replay(
+        plan.build(args.seed),
+        [CATALOG[name] for name in names],
+        args.replicas,
+        StepProfile.load(args.profile),
+        args.kv_cache_mib or plan.kv_cache_mib,
+        rates,
+        args.seed,
+    )
+    print(simulated_table(figures), end="")
+    return 0
+
+
 def _sim_validate(args: argparse.Namespace) -> int:
     from bench.sim.profile import StepProfile
     from bench.sim.validate import simulate_run, validation_tables
@@ -699,6 +732,31 @@ def build_parser() -> argparse.ArgumentParser:
     sim_profile.add_argument("--seed", type=int, default=0, help="seed of the prompts' tokens")
     sim_profile.add_argument("--output", type=Path, required=True, metavar="JSON")
     sim_profile.set_defaults(run=_sim_profile)
+
+    sim = commands.add_parser(
+        "sim",
+        help="simulate a replay workload's programs on each system's replicas (its "
+        "policies, the profile's step times) and print mean and p90 JCT, prefix hits, "
+        "preemptions and how evenly the replicas worked",
+    )
+    sim.add_argument("--workload", default="trace-replay", help="a replay workload")
+    sim.add_argument("--size", choices=["quick", "default"], default="default")
+    sim.add_argument("--programs", type=int, default=None, help="programs instead of the size's")
+    sim.add_argument("--replicas", type=int, default=1)
+    sim.add_argument("--systems", default="stock-vllm-plain,toolserve")
+    sim.add_argument("--kv-cache-mib", type=int, default=None, help="per replica")
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument(
+        "--profile", type=Path, required=True, metavar="JSON", help="a `sim-profile` output"
+    )
+    sim.add_argument(
+        "--draft-rates",
+        default=None,
+        metavar="MATCH,ACCEPTED",
+        help="n-gram drafts: the share of steps with a proposal and the share of proposed "
+        "tokens accepted (as a run's counters give them); none without",
+    )
+    sim.set_defaults(run=_sim)
 
     sim_validate = commands.add_parser(
         "sim-validate",

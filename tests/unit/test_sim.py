@@ -17,9 +17,10 @@ from bench.sim.engine import PinningGlue, SimEngine, SimEngineSettings
 from bench.sim.profile import StepProfile, TimedStep, fit_profile, step_work
 from bench.sim.request import SimRequest
 from bench.sim.routing import SessionHashRouting, ToolserveRouting
+from bench.sim.run import engine_shape, simulate_programs, simulated_table
 from bench.sim.simulation import SimProgram, SimTurn, Simulation, SimulationStuck
 from bench.sim.step_time import StepTimeModel, StepWork
-from bench.sim.systems import recorded_system
+from bench.sim.systems import CATALOG, recorded_system
 from bench.sim.validate import draft_rates
 from cluster.config import PinningConfig, PromptLookupConfig, RoutingConfig
 from cluster.policies.draft_gate import ProposalGate, gate_settings
@@ -346,3 +347,34 @@ def test_a_prompt_waits_until_all_of_it_fits_not_just_its_first_chunk() -> None:
     replica.add(second, 0.0)
     replica.step(0.0)
     assert replica.waiting == [second]  # its first chunk would fit, its 19 blocks do not
+
+
+def test_a_workload_is_simulated_on_each_systems_replicas() -> None:
+    profile = StepProfile(
+        step_time=STEP_TIME,
+        model="m",
+        machine="test",
+        recorded="-",
+        block_size=16,
+        max_num_seqs=8,
+        max_batched_tokens=256,
+        kv_bytes_per_token=1024,
+        steps=0,
+    )
+    shape = engine_shape(profile, kv_cache_mib=1)
+    assert shape.blocks == 2**20 // 1024 // 16
+    figures = simulate_programs(
+        _programs(8, 3, 200, 50, 1.0),
+        [CATALOG["stock-vllm-plain"], CATALOG["toolserve"]],
+        2,
+        shape,
+        profile,
+        None,
+        seed=0,
+    )
+    assert [figure.system for figure in figures] == ["stock-vllm-plain", "toolserve"]
+    for figure in figures:
+        assert figure.programs == 8 and figure.replicas == 2
+        assert 0 < figure.jct_mean_s <= figure.jct_p90_s
+        assert 0.5 <= figure.busiest_replica_share < 1
+    assert "| toolserve | 2 | 8 |" in simulated_table(figures)
