@@ -100,7 +100,8 @@ class Simulation:
         self._max_time_s = max_time_s
         self._events: list[tuple[float, int, Callable[[float], None]]] = []
         self._sequence = itertools.count()
-        self._ready_at: dict[str, float | None] = dict.fromkeys(self._engines)
+        self._stepping: set[str] = set()
+        """Engines with their next step among the events."""
         self._request_ids = itertools.count()
         self._pending: dict[int, tuple[SimProgram, int]] = {}
 
@@ -117,21 +118,11 @@ class Simulation:
         for program in programs:
             self._at(program.arrival_s, self._turn_sender(program, 0, 0, outcomes))
         now = 0.0
-        while True:
-            next_event = self._events[0][0] if self._events else None
-            busy = [(at, name) for name, at in self._ready_at.items() if at is not None]
-            next_step = min(busy) if busy else None
-            if next_event is None and next_step is None:
-                break
-            if next_step is not None and (next_event is None or next_step[0] < next_event):
-                now, name = next_step
-                self._step(name, now, outcomes)
-            else:
-                assert next_event is not None
-                now, _, action = heapq.heappop(self._events)
-                action(now)
+        while self._events:
+            now, _, action = heapq.heappop(self._events)
             if now > self._max_time_s:
                 break
+            action(now)
         return SimResult(
             list(outcomes.values()),
             {name: engine.counters for name, engine in self._engines.items()},
@@ -164,14 +155,18 @@ class Simulation:
             outcome.turns.append(request)
             outcome.replicas.append(name)
             self._pending[request.request_id] = (program, index)
-            engine = self._engines[name]
-            engine.add(request, now)
-            if self._ready_at[name] is None:
-                self._ready_at[name] = now
+            self._engines[name].add(request, now)
+            self._wake(name, now, outcomes)
 
         return send
 
+    def _wake(self, name: str, time: float, outcomes: dict[str, ProgramOutcome]) -> None:
+        if name not in self._stepping:
+            self._stepping.add(name)
+            self._at(time, lambda now: self._step(name, now, outcomes))
+
     def _step(self, name: str, now: float, outcomes: dict[str, ProgramOutcome]) -> None:
+        self._stepping.discard(name)
         engine = self._engines[name]
         pinned_before = engine.pinning.pinned_blocks if engine.pinning is not None else 0
         result = engine.step(now)
@@ -190,11 +185,11 @@ class Simulation:
                 engine.end_program(program.program_id, end)
                 self._router.program_ended(program.program_id)
         if result.scheduled:
-            self._ready_at[name] = end
+            self._wake(name, end, outcomes)
             return
         pinned_after = engine.pinning.pinned_blocks if engine.pinning is not None else 0
         if engine.waiting and pinned_after < pinned_before:
-            self._ready_at[name] = now  # pins went to make room: schedule again
+            self._wake(name, now, outcomes)  # pins went to make room: schedule again
         elif engine.waiting and not engine.running:
             head = engine.waiting[0]
             raise SimulationStuck(
@@ -202,5 +197,3 @@ class Simulation:
             )
         elif engine.running:
             raise SimulationStuck(f"{name}: running requests scheduled nothing")
-        else:
-            self._ready_at[name] = None
