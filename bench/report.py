@@ -319,7 +319,12 @@ def _prefix_hold(summary: dict[str, Any]) -> list[str]:
     ]
 
 
-def _retention(summary: dict[str, Any]) -> list[str]:
+RETENTION_COLUMNS = ["pinned token-s used", "wasted", "wasted share", "pinned-KV reuse"]
+
+
+def retention_rows(summary: dict[str, Any]) -> list[list[str]]:
+    """Each system's pinned token-seconds used and wasted a round, the wasted
+    share and the pinned-KV reuse (systems that pin nothing: no row)."""
     rows = []
     for name, figures in summary["systems"].items():
         work = figures.get("work") or {}
@@ -337,6 +342,11 @@ def _retention(summary: dict[str, Any]) -> list[str]:
                 _percent(figures.get("pinned_kv_reuse_rate")),
             ]
         )
+    return rows
+
+
+def _retention(summary: dict[str, Any]) -> list[str]:
+    rows = retention_rows(summary)
     if not rows:
         return []
     return [
@@ -347,10 +357,7 @@ def _retention(summary: dict[str, Any]) -> list[str]:
         "pin, wasted when the pin went otherwise (expired, displaced, moved, or the "
         "program ended first).",
         "",
-        *markdown_table(
-            ["system", "pinned token-s used", "wasted", "wasted share", "pinned-KV reuse"],
-            rows,
-        ),
+        *markdown_table(["system", *RETENTION_COLUMNS], rows),
         "",
     ]
 

@@ -18,8 +18,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.markdown import markdown_table
 from bench.records import ProgramRecord, open_records
-from bench.report import format_interval, jct_ratio_by_agent_type_lines
+from bench.report import (
+    RETENTION_COLUMNS,
+    format_interval,
+    jct_ratio_by_agent_type_lines,
+    retention_rows,
+)
 from bench.stats import Interval, pooled_round_ratio
 from bench.summary import jct_ratio_by_agent_type
 from bench.workloads.hot_path import ADDED
@@ -112,9 +118,11 @@ def bench_table(runs: Sequence[Path], root: Path = Path(), page: Path = README) 
         "| run | system | reference | hot-path figure | added ms or ratio [95% CI] | verdict |",
         "|---|---|---|---|---|---|",
     ]
+    retention: list[list[str]] = []
     for run_dir in runs:
         summary = _load(root / run_dir)
         run = _run_cell(run_dir, summary, page)
+        retention += [[run, *row] for row in retention_rows(summary)]
         for entry in summary["comparisons"]:
             for figure, value in (entry.get("hot_path") or {}).items():
                 hot_path.append(
@@ -145,6 +153,8 @@ def bench_table(runs: Sequence[Path], root: Path = Path(), page: Path = README) 
     tables = [*comparisons, "", *work]
     if len(hot_path) > 2:
         tables += ["", *hot_path]
+    if retention:
+        tables += ["", *markdown_table(["run", "system", *RETENTION_COLUMNS], retention)]
     return "\n".join(tables) + "\n"
 
 

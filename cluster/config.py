@@ -408,6 +408,14 @@ class PromptLookupConfig(_Strict):
         description="With more requests decoding at once, none gets drafts: each "
         "verified draft costs the batch compute whether or not it is accepted.",
     )
+    past_cap_acceptance: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Above `max_decoders`, a request in prose whose acceptance is at "
+        "least this keeps its drafts (replies that copy figures from their tool "
+        "results); None: no request does.",
+    )
     call_opening: str = Field(
         default="<tool_call>",
         description="Text that opens a tool call in the model's output (hermes).",

@@ -31,6 +31,8 @@ from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from cluster.config import RoutingConfig
+
 
 class RoutingReason(enum.StrEnum):
     PINNED = "pinned"
@@ -270,3 +272,22 @@ class ProgramDirectory:
             self.forget_program(program_id)
         for owners in self._prefix_replicas.values():
             owners.pop(replica_id, None)
+
+
+def configured_routing(
+    config: RoutingConfig, engine_batch_slots: int
+) -> tuple[RoutingPolicy, ProgramDirectory]:
+    """The policy and the directory a routing configuration describes, for
+    engines of `engine_batch_slots` sequences."""
+    policy = RoutingPolicy(
+        config.load_epsilon,
+        config.affinity_load_factor,
+        config.virtual_nodes,
+        affinity_free_slots=engine_batch_slots if config.stay_while_engine_has_room else 0,
+    )
+    directory = ProgramDirectory(
+        max_programs=config.max_remembered_programs,
+        max_prefixes=1024,
+        live_after_turn_s=config.live_after_turn_s,
+    )
+    return policy, directory

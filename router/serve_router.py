@@ -21,7 +21,7 @@ from cluster.openai_protocol import PARENT_PROGRAM_ARG
 from cluster.store._redis import UNREACHABLE
 from cluster.store.pins import ControlOperation, PinningControl, PinStore
 from cluster.store.replicas import ReplicaStatusStore
-from router.policy import ProgramDirectory, RoutingDecision, RoutingPolicy, RoutingReason
+from router.policy import RoutingDecision, RoutingReason, configured_routing
 from router.prefix import shared_prefix_key
 
 logger = logging.getLogger("toolserve.router")
@@ -107,17 +107,7 @@ class SessionRouter(RequestRouter):  # type: ignore[misc]
         self._pins: PinStore | None = None
         self._statuses: ReplicaStatusStore | None = None
         self._ledger_paused_until = 0.0
-        self._policy = RoutingPolicy(
-            config.load_epsilon,
-            config.affinity_load_factor,
-            config.virtual_nodes,
-            affinity_free_slots=engine_batch_slots if config.stay_while_engine_has_room else 0,
-        )
-        self._directory = ProgramDirectory(
-            max_programs=config.max_remembered_programs,
-            max_prefixes=1024,
-            live_after_turn_s=config.live_after_turn_s,
-        )
+        self._policy, self._directory = configured_routing(config, engine_batch_slots)
         self._in_flight: Counter[str] = Counter()
         self._request_booking: dict[str, _Booking] = {}
         self._background: set[asyncio.Task[Any]] = set()

@@ -174,6 +174,10 @@ class TurnShape:
     output_tokens: int
     pause_s: float
     call_text: str | None = None
+    appended_tokens: int = 0
+    """The drawn length of `appended_text`, in tokens."""
+    tool: str | None = None
+    """The tool `call_text` calls."""
 
 
 CALL_MARGIN_TOKENS = 64
@@ -206,6 +210,8 @@ def fixed_call_text(lead: str, tool: str, target: str) -> str:
 @dataclass
 class ReplayProgram(AgentProgram):
     shapes: list[TurnShape] = field(default_factory=list)
+    first_prompt_tokens: int = 0
+    """The drawn length of the first message, in tokens."""
 
     pending_call_id: str | None = None
     """The call the last turn made, whose result the next turn's text is."""
@@ -271,18 +277,28 @@ def program_shapes(
     for index in range(turns):
         appended = 0 if index == 0 else max(1, profile.appended_tokens.sample_int(rng))
         output = max(1, profile.output_tokens.sample_int(rng))
-        call_text = None
+        call_text = tool_name = None
         if profile.tools:
             tool = rng.choices(profile.tools, weights=weights)[0]
             pause = tool.pause_s.sample(rng)
             call_text = fixed_call_text(text(rng, output), tool.name, text(rng, 3))
+            tool_name = tool.name
         else:
             pause = profile.tool_pause_s.sample(rng)
         written = output + (CALL_MARGIN_TOKENS if call_text is not None else 0)
         if shapes and context + appended + written > max_context:
             break
         context += appended + written
-        shapes.append(TurnShape(text(rng, appended) if appended else "", output, pause, call_text))
+        shapes.append(
+            TurnShape(
+                text(rng, appended) if appended else "",
+                output,
+                pause,
+                call_text,
+                appended_tokens=appended,
+                tool=tool_name,
+            )
+        )
     return text(rng, profile.first_prompt_tokens), shapes
 
 
@@ -305,6 +321,7 @@ def generate_replay(config: ReplayConfig, seed: int, text: TokenText) -> list[Re
                 messages=messages,
                 shapes=shapes,
                 temperature=config.temperature,
+                first_prompt_tokens=profile.first_prompt_tokens,
             )
         )
     return programs

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from cluster.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
+from cluster.config import DEFAULT_CONFIG_PATH, ConfigError, ToolserveConfig, load_config
 
 if TYPE_CHECKING:
     from cluster.launch.node_namespaces import NamespaceCluster
@@ -284,6 +284,69 @@ def _bench_table(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         _log(f"error: {error}")
         return 2
+    return 0
+
+
+def _sim_profile(args: argparse.Namespace) -> int:
+    from bench.runner import raw_profile_config
+    from bench.sim.profile import profile_engine
+    from bench.systems import engine_settings
+
+    config = ToolserveConfig.model_validate(raw_profile_config(args.config, args.model))
+    settings = engine_settings(config, args.kv_cache_mib * 2**20, args.max_model_len)
+    profile = profile_engine(settings, args.seed, _log)
+    profile.save(args.output)
+    _log(
+        f"sim profile: {profile.steps} steps fitted, median relative error "
+        f"{profile.median_relative_error:.1%} -> {args.output}"
+    )
+    return 0
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from bench.sim.drafts import DraftRates
+    from bench.sim.profile import StepProfile
+    from bench.sim.run import simulate_replay, simulated_table
+    from bench.sim.systems import CATALOG
+    from bench.workloads import plan_workload
+
+    names = [name for name in args.systems.split(",") if name]
+    unknown = [name for name in names if name not in CATALOG]
+    if unknown:
+        _log(f"error: unknown systems {unknown}; simulated: {', '.join(CATALOG)}")
+        return 2
+    rates = None
+    if args.draft_rates:
+        match_rate, accepted = (float(part) for part in args.draft_rates.split(","))
+        acceptance = DraftRates.acceptance_for(accepted, 4)
+        rates = DraftRates(
+            window=4, match_rate=match_rate, acceptance=acceptance, call_acceptance=acceptance
+        )
+    plan = plan_workload(args.workload, args.size, args.programs)
+    figures = simulate_replay(
+        plan.build(args.seed),
+        [CATALOG[name] for name in names],
+        args.replicas,
+        StepProfile.load(args.profile),
+        args.kv_cache_mib or plan.kv_cache_mib,
+        rates,
+        args.seed,
+    )
+    print(simulated_table(figures), end="")
+    return 0
+
+
+def _sim_validate(args: argparse.Namespace) -> int:
+    from bench.sim.profile import StepProfile
+    from bench.sim.validate import simulate_run, validation_tables
+
+    profile = StepProfile.load(args.profile)
+    arms, ratios = [], []
+    for run_dir in args.runs:
+        run_arms, run_ratios = simulate_run(run_dir, profile)
+        arms += run_arms
+        ratios += run_ratios
+    print(validation_tables(arms, ratios), end="")
     return 0
 
 
@@ -656,6 +719,55 @@ def build_parser() -> argparse.ArgumentParser:
         "a round, a line per system",
     )
     sweep.set_defaults(run=_bench_sweep)
+
+    sim_profile = commands.add_parser(
+        "sim-profile",
+        help="time the benchmark's vLLM engine step by step on this machine and fit the "
+        "simulator's step-time model to it",
+    )
+    sim_profile.add_argument("--config", type=Path, default=None, help="deployment profile")
+    sim_profile.add_argument("--model", default=None, help="another model for the engine")
+    sim_profile.add_argument("--kv-cache-mib", type=int, default=1536)
+    sim_profile.add_argument("--max-model-len", type=int, default=8192)
+    sim_profile.add_argument("--seed", type=int, default=0, help="seed of the prompts' tokens")
+    sim_profile.add_argument("--output", type=Path, required=True, metavar="JSON")
+    sim_profile.set_defaults(run=_sim_profile)
+
+    sim = commands.add_parser(
+        "sim",
+        help="simulate a replay workload's programs on each system's replicas (its "
+        "policies, the profile's step times) and print mean and p90 JCT, prefix hits, "
+        "preemptions and how evenly the replicas worked",
+    )
+    sim.add_argument("--workload", default="trace-replay", help="a replay workload")
+    sim.add_argument("--size", choices=["quick", "default"], default="default")
+    sim.add_argument("--programs", type=int, default=None, help="programs instead of the size's")
+    sim.add_argument("--replicas", type=int, default=1)
+    sim.add_argument("--systems", default="stock-vllm-plain,toolserve")
+    sim.add_argument("--kv-cache-mib", type=int, default=None, help="per replica")
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument(
+        "--profile", type=Path, required=True, metavar="JSON", help="a `sim-profile` output"
+    )
+    sim.add_argument(
+        "--draft-rates",
+        default=None,
+        metavar="MATCH,ACCEPTED",
+        help="n-gram drafts: the share of steps with a proposal and the share of proposed "
+        "tokens accepted (as a run's counters give them); none without",
+    )
+    sim.set_defaults(run=_sim)
+
+    sim_validate = commands.add_parser(
+        "sim-validate",
+        help="simulate recorded runs turn by turn with their arms' policies and set the "
+        "simulated mean JCT, prefix hits, preemptions and JCT ratios beside the measured",
+    )
+    sim_validate.add_argument("runs", nargs="+", type=Path, help="recorded run folders")
+    sim_validate.add_argument(
+        "--profile", type=Path, required=True, metavar="JSON", help="a `sim-profile` output"
+    )
+    sim_validate.set_defaults(run=_sim_validate)
 
     helm_values = commands.add_parser(
         "helm-values", help="write the Helm chart's values for a profile (helm/toolserve)"

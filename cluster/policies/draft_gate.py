@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from cluster.config import PromptLookupConfig
+
 CALL = "tool_call"
 PROSE = "prose"
 
@@ -38,6 +40,24 @@ class GateSettings:
     prior_decay: float = 0.98
     """Weight each earlier prose step keeps in the engine's recent acceptance, per
     verified prose step after it."""
+    past_cap_acceptance: float | None = None
+    """Above `max_decoders`, a request in prose whose acceptance is at least this
+    keeps its drafts (None: no request does)."""
+
+
+def gate_settings(config: PromptLookupConfig) -> GateSettings:
+    """The gate a prompt-lookup configuration describes."""
+    return GateSettings(
+        window=config.window,
+        prose_floor=config.prose_floor,
+        ema_weight=config.ema_weight,
+        initial_acceptance=config.initial_acceptance,
+        max_decoders=config.max_decoders,
+        min_prose_acceptance=config.min_prose_acceptance,
+        probe_every=config.probe_every,
+        learned_initial_acceptance=config.learned_initial_acceptance,
+        past_cap_acceptance=config.past_cap_acceptance,
+    )
 
 
 class CallRegions:
@@ -124,20 +144,27 @@ class ProposalGate:
             return self._recent_accepted / self._recent_drafted
         return self.settings.initial_acceptance
 
-    def allows_drafts(self, decoders: int) -> bool:
-        """Whether any request gets drafts this step (counted when none does)."""
-        allowed = decoders <= self.settings.max_decoders
-        if not allowed:
+    def over_cap(self, decoders: int) -> bool:
+        """Whether more requests decode than the cap allows drafts for (counted)."""
+        over = decoders > self.settings.max_decoders
+        if over:
             self._stats.capped_steps += 1
-        return allowed
+        return over
 
-    def draft_length(self, request_id: str, in_call: bool) -> int:
+    def draft_length(self, request_id: str, in_call: bool, over_cap: bool = False) -> int:
+        """Drafts the request may have verified this step; `over_cap`: more
+        requests decode than `max_decoders`."""
         window = self.settings.window
+        past_cap = self.settings.past_cap_acceptance
+        if over_cap and (past_cap is None or in_call):
+            return 0
         if in_call:
             return window
         acceptance = self._acceptance.get(request_id)
         if acceptance is None:
             acceptance = self._acceptance[request_id] = self.initial_acceptance()
+        if over_cap and past_cap is not None and acceptance < past_cap:
+            return 0
         floor = self.settings.prose_floor
         if acceptance < self.settings.min_prose_acceptance:
             withheld = self._withheld.get(request_id, 0) + 1

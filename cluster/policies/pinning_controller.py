@@ -14,6 +14,7 @@ from collections import Counter, OrderedDict, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from cluster.config import PinningConfig
 from cluster.policies.tenancy import program_tenant
 from cluster.policies.ttl_cost_model import RetentionHint, TtlCostModel
 
@@ -464,3 +465,27 @@ class PinningController:
     def take_ledger_changes(self) -> list[LedgerChange]:
         changes, self._ledger_changes = self._ledger_changes, []
         return changes
+
+
+def pinning_controller(config: PinningConfig, total_blocks: int) -> PinningController:
+    """The controller and cost model a pinning configuration describes, for an
+    engine of `total_blocks` KV blocks."""
+    return PinningController(
+        TtlCostModel(
+            fixed_ttl_s=config.fixed_ttl_s,
+            max_ttl_s=config.max_ttl_s,
+            min_tool_samples=config.min_tool_samples,
+            sample_window=config.sample_window,
+            default_memoryfulness=config.default_memoryfulness,
+            use_cost_model=config.mode == "cost_model",
+            durations_by=config.durations_by,
+            idle_hold_factor=config.idle_hold_factor,
+            max_tracked_programs=config.max_tracked_programs,
+        ),
+        pinning_on=config.mode != "off",
+        total_blocks=total_blocks,
+        max_pinned_fraction=config.max_pinned_fraction,
+        max_tracked_programs=config.max_tracked_programs,
+        fcfs_horizon_s=config.fcfs_horizon_s,
+        tenant_max_pinned_fraction=config.tenant_max_pinned_fraction,
+    )

@@ -98,9 +98,23 @@ def test_the_draft_length_stays_between_the_floor_and_the_window(
 
 def test_past_the_concurrency_cap_no_request_gets_drafts_and_the_step_is_counted() -> None:
     gate = ProposalGate(SETTINGS)
-    assert gate.allows_drafts(4)
-    assert not gate.allows_drafts(5)
+    assert not gate.over_cap(4)
+    assert gate.over_cap(5)
+    assert gate.draft_length("r", in_call=True, over_cap=True) == 0
+    assert gate.draft_length("r", in_call=False, over_cap=True) == 0
     assert gate.take_stats().capped_steps == 1
+
+
+def test_past_the_cap_only_prose_that_keeps_being_accepted_gets_drafts() -> None:
+    gate = ProposalGate(dataclasses.replace(SETTINGS, past_cap_acceptance=0.6))
+    for _ in range(6):
+        gate.observe("copies", drafted=2, accepted=2, in_call=False)
+        gate.observe("writes", drafted=2, accepted=0, in_call=False)
+    assert gate.draft_length("copies", in_call=False, over_cap=True) == 5
+    assert gate.draft_length("writes", in_call=False, over_cap=True) == 0
+    assert gate.draft_length("new", in_call=False, over_cap=True) == 0  # 0.4 to start with
+    assert gate.draft_length("copies", in_call=True, over_cap=True) == 0
+    assert gate.draft_length("writes", in_call=False) == SETTINGS.prose_floor
 
 
 def test_stats_count_drafts_and_acceptance_by_region_until_taken() -> None:

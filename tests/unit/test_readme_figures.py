@@ -178,6 +178,29 @@ def test_a_hot_path_run_gets_its_own_table(tmp_path: Path) -> None:
     assert "hot-path figure" not in bench_table([Path("bench/results/run-1")], _one_run(tmp_path))
 
 
+def test_a_run_whose_engines_pinned_gets_a_retention_table(tmp_path: Path) -> None:
+    run = Path("pinned")
+    (tmp_path / run).mkdir()
+    summary = _summary(1.1)
+    pinned = summary["systems"]["toolserve"]  # type: ignore[index]
+    summary["systems"]["toolserve"] = {  # type: ignore[index]
+        **pinned,
+        "work": {
+            **pinned["work"],
+            "pinned_token_s_used": {"mean": 3000.0},
+            "pinned_token_s_wasted": {"mean": 1000.0},
+        },
+        "pinned_kv_reuse_rate": 0.9,
+    }
+    (tmp_path / run / "summary.json").write_text(json.dumps(summary))
+    table = bench_table([run], tmp_path)
+    assert "| toolserve | 3,000 | 1,000 | 25% | 90.0% |" in table
+    assert "stock-vllm | 3,000" not in table
+    assert "pinned token-s used" not in bench_table(
+        [Path("bench/results/run-1")], _one_run(tmp_path)
+    )
+
+
 def _one_run(root: Path) -> Path:
     run = root / "bench/results/run-1"
     run.mkdir(parents=True)

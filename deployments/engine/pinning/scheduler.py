@@ -24,12 +24,11 @@ from cluster.openai_protocol import (
     PARENT_PROGRAM_ARG,
     RETAIN_FOR_ARG,
 )
-from cluster.policies.pinning_controller import Pin, PinningController
+from cluster.policies.pinning_controller import Pin, pinning_controller
 from cluster.policies.ttl_cost_model import (
     OffloadReload,
     PrefillProfile,
     RetentionHint,
-    TtlCostModel,
     holding_cost,
 )
 from deployments.engine.kv_offload import kv_bytes_per_token
@@ -54,25 +53,7 @@ class PinningSchedulerMixin:
             raise ValueError("the pinning scheduler needs toolserve_pinning in additional_config")
         self._settings = settings
         self._block_pool = base.kv_cache_manager.block_pool
-        self._pinning = PinningController(
-            TtlCostModel(
-                fixed_ttl_s=settings.fixed_ttl_s,
-                max_ttl_s=settings.max_ttl_s,
-                min_tool_samples=settings.min_tool_samples,
-                sample_window=settings.sample_window,
-                default_memoryfulness=settings.default_memoryfulness,
-                use_cost_model=settings.mode == "cost_model",
-                durations_by=settings.durations_by,
-                idle_hold_factor=settings.idle_hold_factor,
-                max_tracked_programs=settings.max_tracked_programs,
-            ),
-            pinning_on=settings.mode != "off",
-            total_blocks=self._block_pool.num_gpu_blocks,
-            max_pinned_fraction=settings.max_pinned_fraction,
-            max_tracked_programs=settings.max_tracked_programs,
-            fcfs_horizon_s=settings.fcfs_horizon_s,
-            tenant_max_pinned_fraction=settings.tenant_max_pinned_fraction,
-        )
+        self._pinning = pinning_controller(settings, self._block_pool.num_gpu_blocks)
         if settings.offload_reload_bytes_per_s is not None:
             # Per worker under tensor parallelism: each GPU copies its own shard.
             self._pinning.cost_model.offload_reload = OffloadReload(

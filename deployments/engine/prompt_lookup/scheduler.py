@@ -15,7 +15,7 @@ from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.request import Request
 
 from cluster.openai_protocol import PREDICTED_CALLS_ARG
-from cluster.policies.draft_gate import CallRegions, GateSettings, ProposalGate
+from cluster.policies.draft_gate import CallRegions, ProposalGate, gate_settings
 from cluster.policies.predicted_drafts import (
     PredictedCallDrafter,
     PredictedCallTokens,
@@ -46,18 +46,7 @@ class PromptLookupGateMixin:
         config = from_additional_config(base.vllm_config.additional_config)
         if config is None:
             raise ValueError("the gated scheduler needs its settings in additional_config")
-        self._gate = ProposalGate(
-            GateSettings(
-                window=config.window,
-                prose_floor=config.prose_floor,
-                ema_weight=config.ema_weight,
-                initial_acceptance=config.initial_acceptance,
-                max_decoders=config.max_decoders,
-                min_prose_acceptance=config.min_prose_acceptance,
-                probe_every=config.probe_every,
-                learned_initial_acceptance=config.learned_initial_acceptance,
-            )
-        )
+        self._gate = ProposalGate(gate_settings(config))
         tokenizer = cached_tokenizer_from_config(base.vllm_config.model_config)
         self._regions = CallRegions(
             opening_tokens(tokenizer, config.call_opening),
@@ -91,15 +80,12 @@ class PromptLookupGateMixin:
         super().update_draft_token_ids(  # type: ignore[misc]
             DraftTokenIds(draft_token_ids.req_ids, drafts)
         )
-        allowed = self._gate.allows_drafts(len(base.running))
+        over_cap = self._gate.over_cap(len(base.running))
         for request_id in draft_token_ids.req_ids:
             request = base.requests.get(request_id)
             if request is None or not request.spec_token_ids:
                 continue
-            if not allowed:
-                request.spec_token_ids = []
-                continue
-            length = self._gate.draft_length(request_id, in_call[request_id])
+            length = self._gate.draft_length(request_id, in_call[request_id], over_cap)
             request.spec_token_ids = request.spec_token_ids[:length]
             if length:
                 self._granted[request_id] = (

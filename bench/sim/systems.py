@@ -1,0 +1,119 @@
+"""The systems a simulation compares, by their policies: stock vLLM (request
+FCFS, its prefix cache's LRU, n-gram drafts verified whole or none), toolserve
+(the cluster's pinning controller and TTL cost model, program FCFS, its gated
+drafts), each behind its router."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bench.sim.drafts import DraftRates, NgramDrafts
+from bench.sim.engine import PinningGlue, SimEngine, SimEngineSettings
+from bench.sim.routing import LeastLoadedRouting, SessionHashRouting, ToolserveRouting
+from bench.sim.simulation import Router
+from bench.sim.step_time import StepTimeModel
+from cluster.config import PinningConfig, PromptLookupConfig, RoutingConfig
+from cluster.policies.draft_gate import ProposalGate, gate_settings
+from cluster.policies.pinning_controller import pinning_controller
+
+_Settings = TypeVar("_Settings", bound=BaseModel)
+Routing = Literal["toolserve", "session-hash", "least-loaded"]
+Drafts = Literal["none", "ngram", "gated"]
+
+
+class SimSystem(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="The system's name in results.")
+    pinning: PinningConfig | None = Field(
+        default=None, description="toolserve's pinning and program order; None: stock vLLM's."
+    )
+    drafts: Drafts = Field(
+        default="none",
+        description="`ngram`: every proposal verified (stock vLLM's speculative config); "
+        "`gated`: as toolserve's gate allows; `none`.",
+    )
+    prompt_lookup: PromptLookupConfig = Field(
+        default_factory=PromptLookupConfig, description="The gate's settings (`gated`)."
+    )
+    routing: Routing = Field(default="toolserve", description="How turns pick a replica.")
+    router: RoutingConfig = Field(
+        default_factory=RoutingConfig, description="toolserve's router's settings."
+    )
+
+    def engines(
+        self,
+        replicas: int,
+        settings: SimEngineSettings,
+        step_time: StepTimeModel,
+        rates: DraftRates | None,
+        seed: int,
+    ) -> list[SimEngine]:
+        engines = []
+        for index in range(replicas):
+            glue = None
+            if self.pinning is not None and self.pinning.enabled:
+                glue = PinningGlue(
+                    pinning_controller(self.pinning, settings.blocks),
+                    program_fcfs=self.pinning.program_fcfs,
+                    charge_withheld_cache=self.pinning.charge_withheld_cache,
+                )
+            drafts = None
+            if self.drafts != "none" and rates is not None:
+                gate = (
+                    ProposalGate(gate_settings(self.prompt_lookup))
+                    if self.drafts == "gated"
+                    else None
+                )
+                drafts = NgramDrafts(rates, seed + index, gate)
+            engines.append(SimEngine(f"replica-{index}", settings, step_time, glue, drafts))
+        return engines
+
+    def new_router(self, batch_slots: int) -> Router:
+        if self.routing == "toolserve":
+            return ToolserveRouting(self.router, batch_slots)
+        if self.routing == "session-hash":
+            return SessionHashRouting()
+        return LeastLoadedRouting()
+
+
+STOCK_VLLM_PLAIN = SimSystem(name="stock-vllm-plain", routing="session-hash")
+STOCK_VLLM = SimSystem(name="stock-vllm", drafts="ngram", routing="session-hash")
+TOOLSERVE = SimSystem(
+    name="toolserve",
+    pinning=PinningConfig(mode="cost_model", program_fcfs=True),
+    drafts="gated",
+)
+CATALOG = {system.name: system for system in (STOCK_VLLM_PLAIN, STOCK_VLLM, TOOLSERVE)}
+
+
+def recorded_system(name: str, effective: dict[str, Any]) -> SimSystem:
+    """A recorded arm as the simulator models it, from the configuration it ran
+    with: toolserve's pinning, prompt lookup and routing settings; a stock vLLM
+    server's speculative config."""
+    toolserve = effective.get("toolserve_config")
+    if toolserve is None:
+        command: Sequence[str] = effective.get("command", [])
+        drafted = "--speculative-config" in command
+        return SimSystem(name=name, drafts="ngram" if drafted else "none", routing="session-hash")
+    main = toolserve["main"]
+    lookup = main.get("prompt_lookup", {})
+    return SimSystem(
+        name=name,
+        pinning=_known(PinningConfig, main.get("pinning", {})),
+        drafts="gated" if lookup.get("enabled") else "none",
+        prompt_lookup=_known(PromptLookupConfig, lookup),
+        router=_known(RoutingConfig, toolserve.get("routing", {})),
+    )
+
+
+def _known(model: type[_Settings], values: dict[str, Any]) -> _Settings:
+    """The settings a run recorded, those this code still knows; a pinning field
+    added since the run has the value that reproduces the code it ran."""
+    known = {name: value for name, value in values.items() if name in model.model_fields}
+    if model is PinningConfig and "idle_hold_factor" not in values:
+        known["idle_hold_factor"] = 1e9  # before it, an idle pin lasted max_ttl_s
+    return model.model_validate(known)
