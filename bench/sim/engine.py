@@ -215,15 +215,15 @@ class SimEngine:
             return scheduled, True
         while self.waiting and budget > 0 and len(self.running) < self.settings.max_num_seqs:
             request = self.waiting[0]
-            tokens = self._admit(request, budget, now)
-            if tokens is None:
+            admitted = self._admit(request, budget, now)
+            if admitted is None:
                 break
             self.waiting.pop(0)
             self.running.append(request)
             scheduled.append(
-                _Scheduled(request, tokens, decode=tokens == 1 and request.generated > 0)
+                _Scheduled(request, admitted, decode=admitted == 1 and request.generated > 0)
             )
-            budget -= tokens
+            budget -= admitted
         return scheduled, False
 
     def _admit(self, request: SimRequest, budget: int, now: float) -> int | None:
