@@ -29,6 +29,18 @@ class DraftRates(BaseModel):
         description="Tokens at the end of a calling turn's reply that are its call.",
     )
 
+    @classmethod
+    def measured(cls, match_rate: float, accepted_share: float, window: int = 4) -> DraftRates:
+        """Rates as a run's counters give them: the share of decoding steps with a
+        proposal, the share of proposed tokens accepted (in calls and prose alike)."""
+        acceptance = cls.acceptance_for(accepted_share, window)
+        return cls(
+            window=window,
+            match_rate=min(1.0, match_rate),
+            acceptance=acceptance,
+            call_acceptance=acceptance,
+        )
+
     @staticmethod
     def acceptance_for(accepted_share: float, window: int) -> float:
         """The per-token chance whose expected accepted share of a full window's

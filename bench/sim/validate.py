@@ -69,14 +69,7 @@ def draft_rates(summary: dict[str, Any]) -> DraftRates | None:
         if not drafted or accepted is None or not generated:
             continue
         steps = max(1.0, generated - accepted)
-        share = accepted / drafted
-        acceptance = DraftRates.acceptance_for(share, DRAFT_WINDOW)
-        return DraftRates(
-            window=DRAFT_WINDOW,
-            match_rate=min(1.0, drafted / (DRAFT_WINDOW * steps)),
-            acceptance=acceptance,
-            call_acceptance=acceptance,
-        )
+        return DraftRates.measured(drafted / (DRAFT_WINDOW * steps), accepted / drafted)
     return None
 
 

@@ -315,23 +315,26 @@ def _sim(args: argparse.Namespace) -> int:
     if unknown:
         _log(f"error: unknown systems {unknown}; simulated: {', '.join(CATALOG)}")
         return 2
-    rates = None
-    if args.draft_rates:
-        match_rate, accepted = (float(part) for part in args.draft_rates.split(","))
-        acceptance = DraftRates.acceptance_for(accepted, 4)
-        rates = DraftRates(
-            window=4, match_rate=match_rate, acceptance=acceptance, call_acceptance=acceptance
+    try:
+        rates = None
+        if args.draft_rates:
+            parts = args.draft_rates.split(",")
+            if len(parts) != 2:
+                raise ValueError("--draft-rates takes MATCH,ACCEPTED, two shares")
+            rates = DraftRates.measured(float(parts[0]), float(parts[1]))
+        plan = plan_workload(args.workload, args.size, args.programs)
+        figures = simulate_replay(
+            plan.build(args.seed),
+            [CATALOG[name] for name in names],
+            args.replicas,
+            StepProfile.load(args.profile),
+            args.kv_cache_mib or plan.kv_cache_mib,
+            rates,
+            args.seed,
         )
-    plan = plan_workload(args.workload, args.size, args.programs)
-    figures = simulate_replay(
-        plan.build(args.seed),
-        [CATALOG[name] for name in names],
-        args.replicas,
-        StepProfile.load(args.profile),
-        args.kv_cache_mib or plan.kv_cache_mib,
-        rates,
-        args.seed,
-    )
+    except ValueError as error:
+        _log(f"error: {error}")
+        return 2
     print(simulated_table(figures), end="")
     return 0
 
