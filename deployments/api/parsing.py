@@ -101,6 +101,17 @@ def _validation_message(error: ValidationError) -> str:
 OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
+_OBJECT_FIELDS = ("structured_outputs",)
+"""Fields vLLM's request model reads as objects before it validates their type."""
+
+
+def _check_object_fields(body: dict[str, Any]) -> None:
+    for name in _OBJECT_FIELDS:
+        value = body.get(name)
+        if value is not None and not isinstance(value, dict):
+            raise RequestRejected(invalid_request(f"{name} must be an object", name))
+
+
 def _check_messages(messages: Any) -> None:
     """OpenAI's message rules that vLLM's permissive request model does not enforce."""
     if not isinstance(messages, list) or not messages:
@@ -169,6 +180,7 @@ def parse_chat_body(
     if model is not None and model not in served_models:
         raise RequestRejected(model_not_found(str(model), served_models))
     _check_messages(body.get("messages"))
+    _check_object_fields(body)
     check_message_count(body["messages"], max_messages)
     options = pop_turn_options(body)
     hints = read_agent_hints(
@@ -186,7 +198,7 @@ def parse_chat_body(
         raise RequestRejected(invalid_request(_validation_message(error))) from error
     except RecursionError as error:
         raise RequestRejected(invalid_request("Request nested too deeply")) from error
-    except (ValueError, TypeError, VLLMClientError) as error:
+    except (ValueError, TypeError, AttributeError, VLLMClientError) as error:
         # vLLM's own before-validators assume shapes the schema has not checked yet
         raise RequestRejected(invalid_request(f"Invalid request: {error}")) from error
     return ParsedChat(body, request, options, hints)

@@ -91,6 +91,7 @@ def test_model_may_be_omitted() -> None:
             "tool_choice",
         ),
         (_chat(temperature="hot"), 400, "invalid_request", "temperature"),
+        (_chat(structured_outputs=""), 400, "invalid_request", "structured_outputs"),
     ],
 )
 def test_bad_bodies_are_rejected(body: Any, status: int, code: str, fragment: str) -> None:
