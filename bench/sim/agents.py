@@ -54,14 +54,11 @@ def replay_programs(programs: Sequence[AgentProgram]) -> list[SimProgram]:
     return simulated
 
 
-def recorded_programs(
-    run_dir: Path, system: str, repeat: int, tools: dict[str, list[str | None]] | None = None
-) -> list[SimProgram]:
+def recorded_programs(run_dir: Path, system: str, repeat: int) -> list[SimProgram]:
     """One arm's round of a recorded run, as its agents sent it: each turn's
     prompt and output tokens as the server counted them, each pause as the agent
-    was away between a reply and its next request. `tools`: each program's
-    called tool per turn, where the records do not name them (the workload's
-    generator does)."""
+    was away between a reply and its next request. The records do not name the
+    tools called: every turn counts as calling none."""
     requests: defaultdict[str, list[RequestRecord]] = defaultdict(list)
     programs: dict[str, ProgramRecord] = {}
     with open_records(run_dir) as lines:
@@ -79,7 +76,6 @@ def recorded_programs(
     simulated = []
     for program_id, program in sorted(programs.items(), key=lambda item: item[1].arrival_s):
         turns_sent = sorted(requests[program_id], key=lambda request: request.turn_index)
-        called = (tools or {}).get(program_id, [])
         turns = []
         for index, request in enumerate(turns_sent):
             before = turns_sent[index - 1] if index else None
@@ -97,7 +93,6 @@ def recorded_programs(
                     appended_tokens=max(0, appended),
                     output_tokens=max(1, request.completion_tokens),
                     pause_s=max(0.0, pause),
-                    tool=called[index] if index < len(called) else None,
                 )
             )
         if turns_sent:

@@ -93,11 +93,9 @@ class Simulation:
         self,
         engines: Sequence[SimEngine],
         router: Router,
-        max_time_s: float = float("inf"),
     ):
         self._engines = {engine.name: engine for engine in engines}
         self._router = router
-        self._max_time_s = max_time_s
         self._events: list[tuple[float, int, Callable[[float], None]]] = []
         self._sequence = itertools.count()
         self._stepping: set[str] = set()
@@ -120,8 +118,6 @@ class Simulation:
         now = 0.0
         while self._events:
             now, _, action = heapq.heappop(self._events)
-            if now > self._max_time_s:
-                break
             action(now)
         return SimResult(
             list(outcomes.values()),

@@ -97,6 +97,8 @@ def recorded_system(name: str, effective: dict[str, Any]) -> SimSystem:
     toolserve = effective.get("toolserve_config")
     if toolserve is None:
         command: Sequence[str] = effective.get("command", [])
+        if any("vllm_router" in part for part in command):
+            raise ValueError(f"{name}: arms behind vLLM's router are not simulated yet")
         drafted = "--speculative-config" in command
         return SimSystem(name=name, drafts="ngram" if drafted else "none", routing="session-hash")
     main = toolserve["main"]

@@ -77,7 +77,7 @@ def _replicas(effective: dict[str, Any]) -> int:
     toolserve = effective.get("toolserve_config")
     if toolserve is not None:
         return int(toolserve["main"].get("num_replicas", 1))
-    return int(effective.get("replicas", 1))
+    return 1  # a stock vLLM server (`recorded_system` refuses the router's arms)
 
 
 def simulate_run(

@@ -346,7 +346,11 @@ def _sim_validate(args: argparse.Namespace) -> int:
     profile = StepProfile.load(args.profile)
     arms, ratios = [], []
     for run_dir in args.runs:
-        run_arms, run_ratios = simulate_run(run_dir, profile)
+        try:
+            run_arms, run_ratios = simulate_run(run_dir, profile)
+        except ValueError as error:
+            _log(f"error: {run_dir}: {error}")
+            return 2
         arms += run_arms
         ratios += run_ratios
     print(validation_tables(arms, ratios), end="")

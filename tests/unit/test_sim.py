@@ -378,3 +378,12 @@ def test_a_workload_is_simulated_on_each_systems_replicas() -> None:
         assert 0 < figure.jct_mean_s <= figure.jct_p90_s
         assert 0.5 <= figure.busiest_replica_share < 1
     assert "| toolserve | 2 | 8 |" in simulated_table(figures)
+
+
+def test_an_arm_behind_vllms_router_is_refused_not_misread() -> None:
+    router_arm = {
+        "command": ["python", "-m", "bench.baselines.vllm_router"],
+        "toolserve_config": None,
+    }
+    with pytest.raises(ValueError, match="not simulated yet"):
+        recorded_system("stock-vllm-router", router_arm)
