@@ -65,6 +65,9 @@ def test_a_fork_shares_its_parents_prefix_and_leaves_its_pin(
         max_tokens=32,
         temperature=0,
         extra_headers={"X-Session-ID": parent},
+        # The parent's tool outlasts the child's turn, as a sub-agent's parent
+        # waits on it; without the hint the pin may lapse before the check.
+        extra_body={"toolserve": {"retain_for_s": 120}},
     )
     parent_replica = raw.headers["x-toolserve-replica"]
     pinned = _session(cluster, key, parent).json()["pinned"]
