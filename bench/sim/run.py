@@ -12,7 +12,7 @@ from bench.sim.agents import replay_programs
 from bench.sim.drafts import DraftRates
 from bench.sim.engine import SimEngineSettings
 from bench.sim.profile import StepProfile
-from bench.sim.simulation import SimProgram, Simulation
+from bench.sim.simulation import SimProgram, SimResult, Simulation
 from bench.sim.systems import SimSystem
 from bench.workloads.program import AgentProgram
 
@@ -28,6 +28,8 @@ class SimulatedSystem:
     preemptions: int
     busiest_replica_share: float
     """The busiest replica's share of all engine-busy seconds (1/replicas: even)."""
+    output_tokens_per_s: float
+    """Tokens the programs decoded, over the time from the first arrival to the last finish."""
 
 
 def engine_shape(profile: StepProfile, kv_cache_mib: int) -> SimEngineSettings:
@@ -65,9 +67,17 @@ def simulate_programs(
                 prefix_hit_rate=result.prefix_hit_rate,
                 preemptions=result.preemptions,
                 busiest_replica_share=max(busy) / sum(busy) if sum(busy) else 0.0,
+                output_tokens_per_s=_output_rate(result),
             )
         )
     return figures
+
+
+def _output_rate(result: SimResult) -> float:
+    decoded = sum(turn.output_tokens for outcome in result.programs for turn in outcome.turns)
+    start = min((outcome.arrival_s for outcome in result.programs), default=0.0)
+    span = result.end_s - start
+    return decoded / span if span > 0 else 0.0
 
 
 def simulate_replay(

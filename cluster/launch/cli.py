@@ -339,6 +339,55 @@ def _sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sim_project(args: argparse.Namespace) -> int:
+    from bench.provenance import DirtyTreeError, provenance_line, start_provenance, utc_now
+    from bench.sim.profile import StepProfile
+    from bench.sim.projection import ProjectionSettings, project, write_projection
+    from cluster.config import REPO_ROOT
+
+    try:
+        provenance = start_provenance(
+            ["toolserve", *sys.argv[1:]], REPO_ROOT, args.output, args.allow_dirty
+        )
+        settings = ProjectionSettings(
+            agents=args.agents,
+            arrival_rate_per_s=args.arrival_rate,
+            gpus=tuple(int(gpus) for gpus in args.gpus.split(",")),
+            gpus_per_replica=args.gpus_per_replica,
+            kv_cache_gib=args.kv_cache_gib,
+            sweep_gpus=args.sweep_gpus,
+            seed=args.seed,
+        )
+        profile = StepProfile.load(args.profile)
+        config = load_config(args.config)
+        _log(f"sim-project: {settings.agents} agents on {args.gpus} GPUs, {profile.model}")
+        points = project(settings, profile, config, workers=args.workers)
+    except (ValueError, DirtyTreeError, ConfigError) as error:
+        _log(f"error: {error}")
+        return 2
+    provenance.finished_utc = utc_now()
+    run_dir = args.output / args.name
+    intro = (
+        f"# Simulated: {settings.agents} agents, {profile.model}\n\n"
+        f"Simulated, not measured: `toolserve sim` with the step-time profile "
+        f"`{args.profile}` ({profile.source}) and the deployment profile `{args.config}`. "
+        f"{provenance_line(provenance.as_json())}"
+    )
+    write_projection(
+        run_dir,
+        points,
+        {
+            "provenance": provenance.as_json(),
+            "settings": settings.model_dump(),
+            "profile": profile.model_dump(),
+            "config": str(args.config),
+        },
+        intro,
+    )
+    _log(f"sim-project: report at {run_dir / 'report.md'}")
+    return 0
+
+
 def _sim_validate(args: argparse.Namespace) -> int:
     from bench.sim.profile import StepProfile
     from bench.sim.validate import simulate_run, validation_tables
@@ -764,6 +813,30 @@ def build_parser() -> argparse.ArgumentParser:
         "tokens accepted (as a run's counters give them); none without",
     )
     sim.set_defaults(run=_sim)
+
+    sim_project = commands.add_parser(
+        "sim-project",
+        help="simulate many agents on GPU clusters of several sizes for stock-like "
+        "serving, Continuum's policies and toolserve's; record a report with plots",
+    )
+    sim_project.add_argument("--config", type=Path, required=True, help="deployment profile")
+    sim_project.add_argument(
+        "--profile", type=Path, required=True, metavar="JSON", help="a GPU step-time profile"
+    )
+    sim_project.add_argument("--agents", type=int, default=1000)
+    sim_project.add_argument("--arrival-rate", type=float, default=4.0, help="programs a second")
+    sim_project.add_argument("--gpus", default="8,16,32,64", help="cluster sizes")
+    sim_project.add_argument("--gpus-per-replica", type=int, default=1)
+    sim_project.add_argument("--kv-cache-gib", type=float, required=True, help="per replica")
+    sim_project.add_argument(
+        "--sweep-gpus", type=int, default=None, help="sweep KV, tool latency and arrivals here"
+    )
+    sim_project.add_argument("--seed", type=int, default=0)
+    sim_project.add_argument("--workers", type=int, default=2, help="simulations at a time")
+    sim_project.add_argument("--output", type=Path, default=Path("bench/results"))
+    sim_project.add_argument("--name", required=True, help="the run's folder name")
+    sim_project.add_argument("--allow-dirty", action="store_true")
+    sim_project.set_defaults(run=_sim_project)
 
     sim_validate = commands.add_parser(
         "sim-validate",
