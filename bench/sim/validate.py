@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +181,77 @@ def validation_tables(arms: list[ArmComparison], ratios: list[RatioComparison]) 
         ["run", "system", "reference", "measured JCT ratio", "simulated", "error"], ratio_rows
     )
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class RunError:
+    """How well one run was reproduced: whether the simulation orders its systems
+    by mean JCT as measured, and the largest errors."""
+
+    run: str
+    ranking_reproduced: bool
+    largest_ratio_error: float | None
+    largest_jct_error: float
+
+
+def run_errors(arms: list[ArmComparison], ratios: list[RatioComparison]) -> list[RunError]:
+    errors = []
+    for run in dict.fromkeys(arm.run for arm in arms):
+        mine = [arm for arm in arms if arm.run == run]
+        measured = sorted(mine, key=lambda arm: arm.measured_jct_s)
+        simulated = sorted(mine, key=lambda arm: arm.simulated_jct_s)
+        ratio_errors = [abs(ratio.error) for ratio in ratios if ratio.run == run]
+        errors.append(
+            RunError(
+                run=run,
+                ranking_reproduced=[arm.system for arm in measured]
+                == [arm.system for arm in simulated],
+                largest_ratio_error=max(ratio_errors) if ratio_errors else None,
+                largest_jct_error=max(abs(arm.jct_error) for arm in mine),
+            )
+        )
+    return errors
+
+
+def run_error_table(errors: list[RunError]) -> str:
+    rows = [
+        [
+            error.run,
+            "yes" if error.ranking_reproduced else "no",
+            "n/a" if error.largest_ratio_error is None else f"{error.largest_ratio_error:.0%}",
+            f"{error.largest_jct_error:.0%}",
+        ]
+        for error in errors
+    ]
+    headers = ["run", "ranking by mean JCT reproduced", "largest JCT-ratio error",
+               "largest mean-JCT error"]  # fmt: skip
+    return "\n".join(markdown_table(headers, rows)) + "\n"
+
+
+def validation_report(arms: list[ArmComparison], ratios: list[RatioComparison]) -> str:
+    return validation_tables(arms, ratios) + "\n" + run_error_table(run_errors(arms, ratios))
+
+
+def write_validation(
+    run_dir: Path,
+    arms: list[ArmComparison],
+    ratios: list[RatioComparison],
+    header: dict[str, Any],
+    intro: str,
+) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "summary.json").write_text(
+        json.dumps({**header, **validation_json(arms, ratios)}, indent=2) + "\n"
+    )
+    (run_dir / "report.md").write_text(f"{intro}\n\n{validation_report(arms, ratios)}")
+
+
+def validation_json(arms: list[ArmComparison], ratios: list[RatioComparison]) -> dict[str, Any]:
+    return {
+        "arms": [{**asdict(arm), "jct_error": arm.jct_error} for arm in arms],
+        "ratios": [{**asdict(ratio), "error": ratio.error} for ratio in ratios],
+        "runs": [asdict(error) for error in run_errors(arms, ratios)],
+    }
 
 
 def _share(value: float | None) -> str:

@@ -389,10 +389,21 @@ def _sim_project(args: argparse.Namespace) -> int:
 
 
 def _sim_validate(args: argparse.Namespace) -> int:
+    from bench.provenance import DirtyTreeError, provenance_line, start_provenance, utc_now
     from bench.sim.profile import StepProfile
-    from bench.sim.validate import simulate_run, validation_tables
+    from bench.sim.validate import simulate_run, validation_report, write_validation
+    from cluster.config import REPO_ROOT
 
     profile = StepProfile.load(args.profile)
+    provenance = None
+    if args.name is not None:
+        try:
+            provenance = start_provenance(
+                ["toolserve", *sys.argv[1:]], REPO_ROOT, args.output, args.allow_dirty
+            )
+        except DirtyTreeError as error:
+            _log(f"error: {error}")
+            return 2
     arms, ratios = [], []
     for run_dir in args.runs:
         try:
@@ -402,7 +413,18 @@ def _sim_validate(args: argparse.Namespace) -> int:
             return 2
         arms += run_arms
         ratios += run_ratios
-    print(validation_tables(arms, ratios), end="")
+    print(validation_report(arms, ratios), end="")
+    if provenance is not None:
+        provenance.finished_utc = utc_now()
+        run_dir = args.output / args.name
+        intro = (
+            f"# Simulator validation on recorded runs\n\nSimulated with the step-time "
+            f"profile `{args.profile}` ({profile.machine}, {profile.steps} timed steps); "
+            f"{provenance_line(provenance.as_json())}"
+        )
+        header = {"provenance": provenance.as_json(), "profile": profile.model_dump()}
+        write_validation(run_dir, arms, ratios, header, intro)
+        _log(f"sim-validate: report at {run_dir / 'report.md'}")
     return 0
 
 
@@ -847,6 +869,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim_validate.add_argument(
         "--profile", type=Path, required=True, metavar="JSON", help="a `sim-profile` output"
     )
+    sim_validate.add_argument("--output", type=Path, default=Path("bench/results"))
+    sim_validate.add_argument(
+        "--name", default=None, help="record the tables in this folder of --output"
+    )
+    sim_validate.add_argument("--allow-dirty", action="store_true")
     sim_validate.set_defaults(run=_sim_validate)
 
     helm_values = commands.add_parser(

@@ -21,7 +21,7 @@ from bench.sim.run import engine_shape, simulate_programs, simulated_table
 from bench.sim.simulation import SimProgram, SimTurn, Simulation, SimulationStuck
 from bench.sim.step_time import StepTimeModel, StepWork
 from bench.sim.systems import CATALOG, recorded_system
-from bench.sim.validate import draft_rates
+from bench.sim.validate import ArmComparison, RatioComparison, draft_rates, run_errors
 from cluster.config import PinningConfig, PromptLookupConfig, RoutingConfig
 from cluster.policies.draft_gate import ProposalGate, gate_settings
 from cluster.policies.pinning_controller import pinning_controller
@@ -387,3 +387,18 @@ def test_an_arm_behind_vllms_router_is_refused_not_misread() -> None:
     }
     with pytest.raises(ValueError, match="not simulated yet"):
         recorded_system("stock-vllm-router", router_arm)
+
+
+def test_a_runs_error_names_a_misordered_ranking_and_the_largest_errors() -> None:
+    def arm(system: str, measured: float, simulated: float) -> ArmComparison:
+        return ArmComparison("run-a", system, measured, simulated, None, 0.5, None, 0.0)
+
+    arms = [arm("stock", 100.0, 60.0), arm("toolserve", 80.0, 70.0)]
+    ratios = [RatioComparison("run-a", "toolserve", "stock", 1.25, 60.0 / 70.0)]
+    (error,) = run_errors(arms, ratios)
+    assert not error.ranking_reproduced
+    assert error.largest_ratio_error == pytest.approx(abs(60.0 / 70.0 / 1.25 - 1))
+    assert error.largest_jct_error == pytest.approx(0.4)
+    reordered = [arm("stock", 100.0, 90.0), arm("toolserve", 80.0, 70.0)]
+    assert run_errors(reordered, [])[0].ranking_reproduced
+    assert run_errors(reordered, [])[0].largest_ratio_error is None
