@@ -19,7 +19,6 @@ from deployments.replica.prompt_cache.integrity import (
     HeldTurns,
     Reply,
     break_cause,
-    carried_repairs,
     check_prompt,
     first_divergence,
     repaired_prompt,
@@ -402,20 +401,29 @@ def test_the_rounds_the_server_ran_go_back_question_after_question(
             assert first_round[: len(held.held_ids)] == held.held_ids, index
         assert tokenizer.decode(first_round) == tokenizer.decode(ids(as_the_model_read_it))
 
-        # The server runs the call and continues: its second round's prompt is
-        # the first round's with the call and result, carried as the engine ran it.
+        # The model writes the call over several lines; the server runs it and
+        # continues: its second round's prompt is the first round's with the call
+        # (in the model's own tokens) and the result.
+        written = json.dumps({"city": city}, indent=4)
+        text = f'<tool_call>\n{{"name": "get_weather", "arguments": {written}}}\n</tool_call>'
+        call_output = [*tokenizer(text, add_special_tokens=False)["input_ids"], end]
         call = Call("get_weather", json.dumps({"city": city}))
         result = {"role": "tool", "tool_call_id": "call_1", "content": f"18 C in {city}"}
         executed = [_assistant(None, call), result]
         round_messages = [*kept_by_library, *executed]
         round_rendered = ids(round_messages)
         first_held = HeldTurn(
-            first_round, [], kept_by_library, [WEATHER], lambda: Reply(None),
+            first_round, call_output, kept_by_library, [WEATHER],
+            lambda call=call: Reply(None, (call,)),
             None if first_round == rendered else rendered,
         )  # fmt: skip
-        carried = carried_repairs(first_held, round_rendered)
-        second_round = round_rendered if carried is None else carried
-        as_the_model_read_it += executed
+        round_verdict = check_prompt(
+            first_held, round_rendered, round_messages, [WEATHER], end_of_turn_id=end,
+            repair=True, max_prompt_tokens=8192,
+        )  # fmt: skip
+        assert round_verdict is not None and round_verdict.check.repaired, index
+        second_round = round_verdict.prompt_ids
+        as_the_model_read_it += [_assistant(None, Call("get_weather", written)), result]
         assert tokenizer.decode(second_round) == tokenizer.decode(ids(as_the_model_read_it))
 
         answer = f"It is 18 degrees in {city}."

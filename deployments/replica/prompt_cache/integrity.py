@@ -325,14 +325,17 @@ class Verdict:
     rewritten: bool = False
 
 
-def carried_repairs(held: HeldTurn, prompt_ids: Sequence[int]) -> list[int] | None:
+def carried_repairs(
+    held: HeldTurn, prompt_ids: Sequence[int], end_of_turn_id: int | None = None
+) -> list[int] | None:
     """The prompt with the earlier turns' repairs carried on: where it starts with
     the last prompt as the front end rendered it, that part as the engine ran it.
     Where the last prompt ends with rounds the server added and the client left
-    them out, the prompt follows the rendered one up to those rounds only: past
-    the last repair, a position there is the same token in the prompt as run,
-    shifted by what the repairs changed in length. None where there is nothing
-    to carry (no repair, or another start)."""
+    them out, the prompt follows the rendered one up to those rounds only, and
+    from there is the client's: the part before the rounds as the engine ran it
+    (found by its turns' ends, `end_of_turn_id`, where the rounds themselves were
+    repaired too), then the prompt from where it leaves the rounds. None where
+    there is nothing to carry (no repair, or another start)."""
     rendered = held.rendered_prompt_ids
     if rendered is None:
         return None
@@ -342,10 +345,30 @@ def carried_repairs(held: HeldTurn, prompt_ids: Sequence[int]) -> list[int] | No
     if not held.server_added:
         return None
     unchanged_tail = _common_suffix(rendered, held.prompt_ids)
-    if shared < len(rendered) - unchanged_tail:
+    if shared >= len(rendered) - unchanged_tail:
+        shift = len(held.prompt_ids) - len(rendered)
+        return [*held.prompt_ids[: shared + shift], *prompt_ids[shared:]]
+    if end_of_turn_id is None:
         return None
-    shift = len(held.prompt_ids) - len(rendered)
-    return [*held.prompt_ids[: shared + shift], *prompt_ids[shared:]]
+    rounds_rendered = _rounds_start(rendered, held.server_added, end_of_turn_id)
+    rounds_run = _rounds_start(held.prompt_ids, held.server_added, end_of_turn_id)
+    if rounds_rendered is None or rounds_run is None or shared < rounds_rendered:
+        return None
+    into_rounds = shared - rounds_rendered
+    if list(held.prompt_ids[rounds_run : rounds_run + into_rounds]) != list(
+        rendered[rounds_rendered:shared]
+    ):
+        return None
+    return [*held.prompt_ids[: rounds_run + into_rounds], *prompt_ids[shared:]]
+
+
+def _rounds_start(ids: Sequence[int], rounds: int, end_of_turn_id: int) -> int | None:
+    """Where the last `rounds` turns begin: just past the end of the turn before
+    them (the prompt ends with an open turn, the generation's, which has no end)."""
+    ends = [position for position, token in enumerate(ids) if token == end_of_turn_id]
+    if len(ends) < rounds:
+        return None
+    return 0 if len(ends) == rounds else ends[len(ends) - rounds - 1] + 1
 
 
 def _common_suffix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -419,7 +442,7 @@ def check_prompt(
     if held is None:
         return None
     as_sent = list(prompt_ids)
-    carried = carried_repairs(held, as_sent) if repair else None
+    carried = carried_repairs(held, as_sent, end_of_turn_id) if repair else None
     if carried is not None and len(carried) > max_prompt_tokens:
         carried = None
     prompt = as_sent if carried is None else carried
