@@ -45,7 +45,7 @@ class ProjectionSettings(BaseModel):
         description="Agent kinds in equal shares (bench/sim/cluster_agents.py).",
     )
     arrival_rate_per_s: float = Field(
-        default=4.0, ge=0, description="Poisson rate of program arrivals (0: all at once)."
+        default=20.0, ge=0, description="Poisson rate of program arrivals (0: all at once)."
     )
     gpus: tuple[int, ...] = Field(default=(8, 16, 32, 64), description="Cluster sizes.")
     gpus_per_replica: int = Field(default=1, gt=0, description="GPUs of one engine replica.")

@@ -846,7 +846,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile", type=Path, required=True, metavar="JSON", help="a GPU step-time profile"
     )
     sim_project.add_argument("--agents", type=int, default=1000)
-    sim_project.add_argument("--arrival-rate", type=float, default=4.0, help="programs a second")
+    sim_project.add_argument("--arrival-rate", type=float, default=20.0, help="programs a second")
     sim_project.add_argument("--gpus", default="8,16,32,64", help="cluster sizes")
     sim_project.add_argument("--gpus-per-replica", type=int, default=1)
     sim_project.add_argument("--kv-cache-gib", type=float, required=True, help="per replica")
