@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -177,9 +177,10 @@ def project(
     profile: StepProfile,
     config: ToolserveConfig,
     workers: int = 2,
+    log: Callable[[str], None] = print,
 ) -> list[ProjectedPoint]:
-    """Every scenario on every system, `workers` simulations at a time; the points
-    in scenario order, then system order, whatever finished first."""
+    """Every scenario on every system, `workers` simulations at a time, each logged
+    as it finishes; the points in scenario order, then system order."""
     for gpus in (*settings.gpus, settings.sweep_gpus or settings.gpus_per_replica):
         if gpus % settings.gpus_per_replica:
             raise ValueError(f"{gpus} GPUs is not a whole number of {settings.gpus_per_replica}")
@@ -193,6 +194,12 @@ def project(
             pool.submit(_simulate, scenario, system, settings, profile, config)
             for scenario, system in jobs
         ]
+        for done, future in enumerate(as_completed(futures), start=1):
+            point = future.result()
+            log(
+                f"{done}/{len(futures)}: {point.scenario}, {point.figures.system}: "
+                f"mean JCT {point.figures.jct_mean_s:.0f} s ({point.wall_s:.0f} s to simulate)"
+            )
         return [future.result() for future in futures]
 
 

@@ -361,7 +361,9 @@ def _sim_project(args: argparse.Namespace) -> int:
         profile = StepProfile.load(args.profile)
         config = load_config(args.config)
         _log(f"sim-project: {settings.agents} agents on {args.gpus} GPUs, {profile.model}")
-        points = project(settings, profile, config, workers=args.workers)
+        points = project(
+            settings, profile, config, args.workers, lambda line: _log(f"sim-project: {line}")
+        )
     except (ValueError, DirtyTreeError, ConfigError) as error:
         _log(f"error: {error}")
         return 2
