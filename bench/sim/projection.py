@@ -262,6 +262,7 @@ def write_projection_plots(run_dir: Path, points: Sequence[ProjectedPoint]) -> N
                 label=system,
             )
         axes.set(xlabel="GPUs", ylabel=label, xscale="log")
+        axes.minorticks_off()
         axes.set_xticks(sorted({point.gpus for point in by_size}))
         axes.set_xticklabels([str(gpus) for gpus in sorted({point.gpus for point in by_size})])
         axes.grid(alpha=0.3)
