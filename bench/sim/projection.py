@@ -9,7 +9,6 @@ simulates the same seeded agents on every system."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -20,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from bench.markdown import markdown_table
+from bench.report import write_summary
 from bench.sim.cluster_agents import cluster_programs
 from bench.sim.engine import SimEngineSettings
 from bench.sim.profile import StepProfile
@@ -307,9 +307,7 @@ def write_projection(
     report_intro: str,
 ) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "summary.json").write_text(
-        json.dumps({**header, "points": points_json(points)}, indent=2) + "\n"
-    )
+    write_summary(run_dir, {**header, "points": points_json(points)})
     write_projection_plots(run_dir, points)
     plots = "".join(
         f"![{name}]({file})\n" for name, file in PLOTS.items() if (run_dir / file).exists()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.markdown import markdown_table
+from bench.report import write_summary
 from bench.sim.agents import recorded_programs
 from bench.sim.drafts import DraftRates
 from bench.sim.engine import SimEngineSettings
@@ -240,9 +241,7 @@ def write_validation(
     intro: str,
 ) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "summary.json").write_text(
-        json.dumps({**header, **validation_json(arms, ratios)}, indent=2) + "\n"
-    )
+    write_summary(run_dir, {**header, **validation_json(arms, ratios)})
     (run_dir / "report.md").write_text(f"{intro}\n\n{validation_report(arms, ratios)}")
 
 

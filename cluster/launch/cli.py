@@ -371,7 +371,7 @@ def _sim_project(args: argparse.Namespace) -> int:
     run_dir = args.output / args.name
     intro = (
         f"# Simulated: {settings.agents} agents, {profile.model}\n\n"
-        f"Simulated, not measured: `toolserve sim` with the step-time profile "
+        f"Simulated, not measured: `toolserve sim-project` with the step-time profile "
         f"`{args.profile}` ({profile.source}) and the deployment profile `{args.config}`. "
         f"{provenance_line(provenance.as_json())}"
     )
