@@ -21,8 +21,14 @@ from bench.sim.run import engine_shape, simulate_programs, simulated_table
 from bench.sim.simulation import SimProgram, SimTurn, Simulation, SimulationStuck
 from bench.sim.step_time import StepTimeModel, StepWork
 from bench.sim.systems import CATALOG, recorded_system
-from bench.sim.validate import ArmComparison, RatioComparison, draft_rates, run_errors
-from cluster.config import PinningConfig, PromptLookupConfig, RoutingConfig
+from bench.sim.validate import (
+    ArmComparison,
+    RatioComparison,
+    draft_rates,
+    run_errors,
+    simulate_run,
+)
+from cluster.config import REPO_ROOT, PinningConfig, PromptLookupConfig, RoutingConfig
 from cluster.policies.draft_gate import ProposalGate, gate_settings
 from cluster.policies.pinning_controller import pinning_controller
 
@@ -402,3 +408,26 @@ def test_a_runs_error_names_a_misordered_ranking_and_the_largest_errors() -> Non
     reordered = [arm("stock", 100.0, 90.0), arm("toolserve", 80.0, 70.0)]
     assert run_errors(reordered, [])[0].ranking_reproduced
     assert run_errors(reordered, [])[0].largest_ratio_error is None
+
+
+VALIDATED_RUNS = (
+    "trace-replay-default-7a1b96b",
+    "trace-replay-tools-retention-pressed",
+    "trace-replay-32-programs-drafted-998e093",
+)
+"""Recorded one-replica trace replays the simulator reproduces within the
+tolerance docs/at-cluster-scale.md states (bench/results/sim-validation)."""
+
+
+@pytest.mark.parametrize("run", VALIDATED_RUNS)
+def test_a_recorded_run_is_simulated_within_the_stated_tolerance(run: str) -> None:
+    """Every compared pair's mean-JCT ratio within 10% of the measured one, every
+    arm's engine prefix-hit rate within 5 points of the measured one."""
+    profile = StepProfile.load(REPO_ROOT / "bench" / "sim" / "profiles" / "smollm2-135m-cpu.json")
+    arms, ratios = simulate_run(REPO_ROOT / "bench" / "results" / run, profile)
+    assert arms and ratios
+    for ratio in ratios:
+        assert abs(ratio.error) <= 0.10, ratio
+    for arm in arms:
+        assert arm.measured_prefix_hit is not None
+        assert abs(arm.simulated_prefix_hit - arm.measured_prefix_hit) <= 0.05, arm
