@@ -335,6 +335,14 @@ class PinningConfig(_Strict):
         description="Programs whose first arrival and last turn the engine remembers "
         "(least recently seen forgotten first).",
     )
+    decision_log_dir: str | None = Field(
+        default=None,
+        description="A directory each engine appends its pinning decisions to, "
+        "`<replica>.jsonl`: one JSON record a line with the event's inputs (times, "
+        "tokens, holding costs) and the outcome (pin made, pins released and why, "
+        "queue place), replayable through another configuration "
+        "(`cluster/policies/pinning_log.py`). None: no log.",
+    )
     prefill_profile_lengths: list[int] = Field(
         default_factory=lambda: [256, 1024, 2048, 4096],
         min_length=3,

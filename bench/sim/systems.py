@@ -17,7 +17,7 @@ from bench.sim.simulation import Router
 from bench.sim.step_time import StepTimeModel
 from cluster.config import PinningConfig, PromptLookupConfig, RoutingConfig
 from cluster.policies.draft_gate import ProposalGate, gate_settings
-from cluster.policies.pinning_controller import pinning_controller
+from cluster.policies.pinning_controller import DecisionSink, pinning_controller
 
 _Settings = TypeVar("_Settings", bound=BaseModel)
 Routing = Literal["toolserve", "session-hash", "least-loaded"]
@@ -54,13 +54,7 @@ class SimSystem(BaseModel):
     ) -> list[SimEngine]:
         engines = []
         for index in range(replicas):
-            glue = None
-            if self.pinning is not None and self.pinning.enabled:
-                glue = PinningGlue(
-                    pinning_controller(self.pinning, settings.blocks),
-                    program_fcfs=self.pinning.program_fcfs,
-                    charge_withheld_cache=self.pinning.charge_withheld_cache,
-                )
+            glue = self.pinning_glue(settings.blocks)
             drafts = None
             if self.drafts != "none" and rates is not None:
                 gate = (
@@ -71,6 +65,18 @@ class SimSystem(BaseModel):
                 drafts = NgramDrafts(rates, seed + index, gate)
             engines.append(SimEngine(f"replica-{index}", settings, step_time, glue, drafts))
         return engines
+
+    def pinning_glue(
+        self, blocks: int, decision_sink: DecisionSink | None = None
+    ) -> PinningGlue | None:
+        """toolserve's pinning for an engine of `blocks` KV blocks; None for stock."""
+        if self.pinning is None or not self.pinning.enabled:
+            return None
+        return PinningGlue(
+            pinning_controller(self.pinning, blocks, decision_sink=decision_sink),
+            program_fcfs=self.pinning.program_fcfs,
+            charge_withheld_cache=self.pinning.charge_withheld_cache,
+        )
 
     def new_router(self, batch_slots: int) -> Router:
         if self.routing == "toolserve":

@@ -8,15 +8,31 @@ engine.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import functools
+import inspect
 import math
 from collections import Counter, OrderedDict, defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from cluster.config import PinningConfig
 from cluster.policies.tenancy import program_tenant
-from cluster.policies.ttl_cost_model import RetentionHint, TtlCostModel
+from cluster.policies.ttl_cost_model import (
+    OffloadReload,
+    PrefillProfile,
+    RetentionHint,
+    TtlCostModel,
+)
+
+DecisionSink = Callable[[dict[str, Any]], None]
+"""Takes each decision of a controller as a plain, JSON-ready record (see
+`pinning_log`)."""
+
+_Params = ParamSpec("_Params")
+_Result = TypeVar("_Result")
 
 # Turns that end without a tool call are a class of their own for the cost model:
 # agents often go on after them (a truncated or unusable reply, a nudge, a new
@@ -50,6 +66,7 @@ class Pin:
     """vLLM's order, lower first: under pressure, the highest value lets go first."""
     forked: bool = False
     """A sub-agent's program: it holds its parent's place, and lets go before it."""
+    released_for: ReleaseReason | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +121,67 @@ class PinningStats:
         }
 
 
+_RECORDED_WHEN_ACTING = frozenset({"expire", "relieve_pressure"})
+
+
+def _decision(
+    method: Callable[_Params, _Result],
+) -> Callable[_Params, _Result]:
+    """Hands the call, its inputs and what it decided to the controller's decision
+    sink, if it has one. Calls made from within another decision are part of it;
+    calls that change nothing (an expiry check that expires nothing, pressure
+    that finds no pin) are left out, so the log stays a log of decisions."""
+    signature = inspect.signature(method)
+
+    @functools.wraps(method)
+    def decided(*args: _Params.args, **kwargs: _Params.kwargs) -> _Result:
+        controller: PinningController = args[0]  # type: ignore[assignment]
+        if controller._decision_sink is None or controller._deciding:
+            return method(*args, **kwargs)
+        away = len(controller._away)
+        controller._deciding = True
+        try:
+            result = method(*args, **kwargs)
+        finally:
+            controller._deciding = False
+        record = _decision_record(method.__name__, signature.bind(*args, **kwargs), result)
+        changed_nothing = not record["released"] and away == len(controller._away)
+        if not (method.__name__ in _RECORDED_WHEN_ACTING and changed_nothing):
+            controller._decision_sink(record)
+        return result
+
+    return decided
+
+
+def _decision_record(event: str, bound: inspect.BoundArguments, result: Any) -> dict[str, Any]:
+    inputs = {name: _plain(name, value) for name, value in bound.arguments.items()}
+    del inputs["self"]
+    released: list[Pin] = []
+    if isinstance(result, tuple):  # on_finished: whether it pinned, and what went first
+        result, released = result
+    elif isinstance(result, list):
+        result, released = None, result
+    return {
+        "event": event,
+        "inputs": inputs,
+        "result": result,
+        "released": [
+            [pin.program_id, pin.released_for.value if pin.released_for else None]
+            for pin in released
+        ],
+    }
+
+
+def _plain(name: str, value: Any) -> Any:
+    if name == "blocks":
+        return len(value)  # opaque handles: only their number decides anything
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value
+
+
 class PinningController:
     """Decides pins for one engine. Times are Unix seconds (`time.time()`), the
     clock of vLLM's arrival times and of the ledger's expiries."""
@@ -118,8 +196,11 @@ class PinningController:
         max_tracked_programs: int,
         fcfs_horizon_s: float | None = None,
         tenant_max_pinned_fraction: float | None = None,
+        decision_sink: DecisionSink | None = None,
     ):
         self.cost_model = cost_model
+        self._decision_sink = decision_sink
+        self._deciding = False
         self._fcfs_horizon_s = fcfs_horizon_s
         self._pinning_on = pinning_on
         self._max_pinned_blocks = int(total_blocks * max_pinned_fraction)
@@ -161,6 +242,7 @@ class PinningController:
             self._programs.move_to_end(program_id)
         return program
 
+    @_decision
     def on_arrival(self, program_id: str, now: float, parent_id: str | None = None) -> float:
         """A turn of the program arrived; returns the program's first arrival. A
         program forked from `parent_id` starts with its parent's arrival, so its
@@ -181,6 +263,7 @@ class PinningController:
             program.pinned_on_arrival = program_id in self._pins
         return program.first_arrival
 
+    @_decision
     def on_admitted(self, program_id: str, now: float, cached_tokens: int) -> list[Pin]:
         """The program's turn got its KV blocks; its pin is no longer needed."""
         program = self._programs.get(program_id)
@@ -193,6 +276,7 @@ class PinningController:
             program.waiting_since = None
         return self._release(program_id, ReleaseReason.NEXT_TURN, now)
 
+    @_decision
     def on_finished(
         self,
         program_id: str,
@@ -247,6 +331,7 @@ class PinningController:
         self._ledger_changes.append(LedgerChange(program_id, pin.expires_at, tokens))
         return True, released
 
+    @_decision
     def on_turn_ended(
         self, program_id: str, tool: str | None, now: float, holding_cost: float = 1.0
     ) -> list[Pin]:
@@ -280,6 +365,7 @@ class PinningController:
         self._ledger_changes.append(LedgerChange(program_id, pin.expires_at, pin.tokens, tool))
         return []
 
+    @_decision
     def end_program(self, program_id: str, now: float | None = None) -> list[Pin]:
         program = self._programs.pop(program_id, None)
         if program is not None and program.turns:
@@ -287,10 +373,12 @@ class PinningController:
         self.cost_model.forget_program(program_id)
         return self._release(program_id, ReleaseReason.PROGRAM_END, now)
 
+    @_decision
     def release_moved(self, program_id: str, now: float | None = None) -> list[Pin]:
         """The router sent the program's next turn to another replica."""
         return self._release(program_id, ReleaseReason.MOVED, now)
 
+    @_decision
     def expire(self, now: float) -> list[Pin]:
         self._count_programs_not_back(now)
         expired = [
@@ -374,6 +462,7 @@ class PinningController:
             default=None,
         )
 
+    @_decision
     def relieve_pressure(
         self, queued_after: float | None = None, now: float | None = None
     ) -> list[Pin]:
@@ -385,6 +474,7 @@ class PinningController:
             return []
         return self._release(victim.program_id, ReleaseReason.PRESSURE, now)
 
+    @_decision
     def queue_time(self, program_id: str, arrival: float) -> float:
         """Where a turn that arrived at `arrival` queues under program FCFS: at its
         program's first arrival, or with a horizon no earlier than the horizon
@@ -402,6 +492,7 @@ class PinningController:
         program = self._programs.get(program_id)
         return program.first_arrival if program is not None else None
 
+    @_decision
     def reprice(self, now: float, holding_costs: dict[str, float]) -> list[Pin]:
         """Memory pressure changed: set each reported pin's TTL again with its
         holding cost now (`holding_costs` by program), releasing those whose new
@@ -423,6 +514,7 @@ class PinningController:
             )
         return released
 
+    @_decision
     def release_all(
         self, reason: ReleaseReason = ReleaseReason.PROGRAM_END, now: float | None = None
     ) -> list[Pin]:
@@ -443,9 +535,15 @@ class PinningController:
         self._pinned_blocks_by_tenant[tenant] -= len(pin.blocks)
         if not self._pinned_blocks_by_tenant[tenant]:
             del self._pinned_blocks_by_tenant[tenant]
+        pin.released_for = reason
         self._stats.releases[reason.value] += 1
         self._ledger_changes.append(LedgerChange(program_id, None))
         return [pin]
+
+    @_decision
+    def set_prefill_profile(self, profile: PrefillProfile) -> None:
+        """The engine timed its prefills: what losing a pin costs in recompute."""
+        self.cost_model.prefill_profile = profile
 
     def take_stats(self) -> PinningStats:
         """Counters so far, with the samples gathered since the previous call."""
@@ -467,10 +565,17 @@ class PinningController:
         return changes
 
 
-def pinning_controller(config: PinningConfig, total_blocks: int) -> PinningController:
+def pinning_controller(
+    config: PinningConfig,
+    total_blocks: int,
+    offload_reload: OffloadReload | None = None,
+    decision_sink: DecisionSink | None = None,
+) -> PinningController:
     """The controller and cost model a pinning configuration describes, for an
-    engine of `total_blocks` KV blocks."""
-    return PinningController(
+    engine of `total_blocks` KV blocks (with a CPU tier under it: `offload_reload`).
+    With a `decision_sink`, the sink takes a first record of this, then every
+    decision."""
+    controller = PinningController(
         TtlCostModel(
             fixed_ttl_s=config.fixed_ttl_s,
             max_ttl_s=config.max_ttl_s,
@@ -488,4 +593,16 @@ def pinning_controller(config: PinningConfig, total_blocks: int) -> PinningContr
         max_tracked_programs=config.max_tracked_programs,
         fcfs_horizon_s=config.fcfs_horizon_s,
         tenant_max_pinned_fraction=config.tenant_max_pinned_fraction,
+        decision_sink=decision_sink,
     )
+    controller.cost_model.offload_reload = offload_reload
+    if decision_sink is not None:
+        decision_sink(
+            {
+                "event": "start",
+                "config": config.model_dump(mode="json", include=set(PinningConfig.model_fields)),
+                "total_blocks": total_blocks,
+                "offload_reload": _plain("offload_reload", offload_reload),
+            }
+        )
+    return controller

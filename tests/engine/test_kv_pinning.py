@@ -8,15 +8,18 @@ import os
 import random
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench.sim.decisions import read_decision_log, simulated_decisions
 from cluster.config import EngineConfig
 from cluster.models import EMBEDDED_SCHEME, TINY_RANDOM_LLAMA, resolve_model
 from cluster.openai_protocol import LAST_STEP_ARG, RETAIN_FOR_ARG
+from cluster.policies.pinning_log import first_difference
 from cluster.store.pins import TtlLedger
 from deployments.engine.pinning.settings import EnginePinningSettings
 from deployments.engine.plugin import UTILITY_METHOD
@@ -149,8 +152,17 @@ def replica_id() -> str:
 
 
 @pytest.fixture(scope="module")
+def decision_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("pinning-decisions")
+
+
+@pytest.fixture(scope="module")
 def pinned_engine(
-    event_loop_runner: asyncio.AbstractEventLoop, cache_dir: Path, redis_url: str, replica_id: str
+    event_loop_runner: asyncio.AbstractEventLoop,
+    cache_dir: Path,
+    redis_url: str,
+    replica_id: str,
+    decision_log_dir: Path,
 ) -> Iterator[Engine]:
     settings = EnginePinningSettings(
         mode="fixed",
@@ -159,6 +171,7 @@ def pinned_engine(
         max_pinned_fraction=0.5,
         replica_id=replica_id,
         redis_url=redis_url,
+        decision_log_dir=str(decision_log_dir),
     )
     engine = start_engine(event_loop_runner, cache_dir, settings)
     yield engine
@@ -402,6 +415,21 @@ def test_an_earlier_programs_turn_is_admitted_past_later_programs_pins(
     # Without the admission rule the turn waits for the decoding request's blocks.
     assert finish_order == ["early", "blocker"]
     assert after["releases"].get("pressure", 0) > before["releases"].get("pressure", 0)
+
+
+def test_the_simulators_controller_decides_as_the_engine_did_for_the_logged_events(
+    pinned_engine: Engine, event_loop_runner: asyncio.AbstractEventLoop, decision_log_dir: Path
+) -> None:
+    """The tests above, as the engine's pinning controller logged them, replayed
+    through the controller the simulator builds from the logged configuration."""
+    run(event_loop_runner, pinned_engine.control("stats"))  # the engine writes its log out
+    (path,) = decision_log_dir.glob("*.jsonl")
+    log = read_decision_log(path)
+    reasons = Counter(reason for record in log[1:] for _, reason in record["released"])
+    assert {"next_turn", "pressure", "expiry", "program_end"} <= set(reasons), reasons
+    pins_made = sum(1 for record in log if record["event"] == "on_finished" and record["result"])
+    assert pins_made >= 30, pins_made
+    assert first_difference(log, simulated_decisions(log)) is None
 
 
 @pytest.fixture(scope="module")

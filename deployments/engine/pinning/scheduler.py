@@ -32,6 +32,7 @@ from cluster.policies.ttl_cost_model import (
     holding_cost,
 )
 from deployments.engine.kv_offload import kv_bytes_per_token
+from deployments.engine.pinning.decision_log import DecisionLogFile
 from deployments.engine.pinning.ledger import LedgerPublisher
 from deployments.engine.pinning.settings import EnginePinningSettings
 from deployments.engine.plugin import EngineOperation
@@ -53,12 +54,23 @@ class PinningSchedulerMixin:
             raise ValueError("the pinning scheduler needs toolserve_pinning in additional_config")
         self._settings = settings
         self._block_pool = base.kv_cache_manager.block_pool
-        self._pinning = pinning_controller(settings, self._block_pool.num_gpu_blocks)
+        offload_reload = None
         if settings.offload_reload_bytes_per_s is not None:
             # Per worker under tensor parallelism: each GPU copies its own shard.
-            self._pinning.cost_model.offload_reload = OffloadReload(
+            offload_reload = OffloadReload(
                 kv_bytes_per_token(base.kv_cache_config), settings.offload_reload_bytes_per_s
             )
+        self._decision_log = (
+            DecisionLogFile(settings.decision_log_dir, settings.replica_id)
+            if settings.decision_log_dir
+            else None
+        )
+        self._pinning = pinning_controller(
+            settings,
+            self._block_pool.num_gpu_blocks,
+            offload_reload,
+            self._decision_log.write if self._decision_log is not None else None,
+        )
         self._awaiting_admission: dict[str, str] = {}
         self._repriced_for: str | None = None
         self._ledger = (
@@ -219,6 +231,8 @@ class PinningSchedulerMixin:
         changes = self._pinning.take_ledger_changes()
         if self._ledger is not None:
             self._ledger.publish(changes)
+        if self._decision_log is not None:
+            self._decision_log.flush()
 
     def pinning_control(self, operation: str, arguments: list[Any]) -> Any:
         """Calls from the replica (through EngineCore, see plugin.py)."""
@@ -235,11 +249,12 @@ class PinningSchedulerMixin:
                 (program_id,) = arguments
                 self._release(self._pinning.release_moved(program_id, now))
             case EngineOperation.SET_PREFILL_PROFILE:
-                self._pinning.cost_model.prefill_profile = PrefillProfile(*arguments)
+                self._pinning.set_prefill_profile(PrefillProfile(*arguments))
             case EngineOperation.STATS:
                 stats = self._pinning.take_stats().as_dict()
                 stats["free_blocks"] = self._block_pool.get_num_free_blocks()
                 stats["total_blocks"] = self._block_pool.num_gpu_blocks
+                self._publish()
                 return stats
         self._publish()
         return None
@@ -249,6 +264,8 @@ class PinningSchedulerMixin:
         self._publish()
         if self._ledger is not None:
             self._ledger.close()
+        if self._decision_log is not None:
+            self._decision_log.close()
         super().shutdown()  # type: ignore[misc]
 
 
