@@ -135,9 +135,9 @@ class SimEngine:
         if self._pinning is not None:
             self._release(self._pinning.controller.release_moved(program_id, now))
 
-    def step(self, now: float) -> StepResult:
-        """One scheduler step from `now`: what it computed, how long it took and
-        the requests that finished with it."""
+    def step(self, now: float, slowdown: float = 1.0) -> StepResult:
+        """One scheduler step from `now`: what it computed, how long it took (its
+        modelled time times `slowdown`) and the requests that finished with it."""
         if self._pinning is not None:
             self._before_schedule(now)
         scheduled, preempted = self._schedule(now)
@@ -150,7 +150,7 @@ class SimEngine:
             decodes=tuple(entry.request.tokens for entry in scheduled if entry.decode),
             drafts=sum(entry.drafts for entry in scheduled),
         )
-        seconds = self._step_time.seconds(work) if scheduled else 0.0
+        seconds = self._step_time.seconds(work) * slowdown if scheduled else 0.0
         end = now + seconds
         finished = []
         for entry in scheduled:

@@ -93,7 +93,11 @@ class Simulation:
         self,
         engines: Sequence[SimEngine],
         router: Router,
+        shared_cores: bool = False,
     ):
+        """`shared_cores`: the replicas share one machine's cores, as in the recorded
+        CPU runs; a step then takes its time times the engines busy when it starts."""
+        self._shared_cores = shared_cores
         self._engines = {engine.name: engine for engine in engines}
         self._router = router
         self._events: list[tuple[float, int, Callable[[float], None]]] = []
@@ -165,7 +169,10 @@ class Simulation:
         self._stepping.discard(name)
         engine = self._engines[name]
         pinned_before = engine.pinning.pinned_blocks if engine.pinning is not None else 0
-        result = engine.step(now)
+        slowdown = 1
+        if self._shared_cores:
+            slowdown = sum(1 for other in self._engines.values() if other.busy)
+        result = engine.step(now, max(1, slowdown))
         end = now + result.seconds
         for request in result.finished:
             program, index = self._pending.pop(request.request_id)

@@ -96,16 +96,18 @@ TOOLSERVE = SimSystem(
 CATALOG = {system.name: system for system in (STOCK_VLLM_PLAIN, STOCK_VLLM, TOOLSERVE)}
 
 
-def recorded_system(name: str, effective: dict[str, Any]) -> SimSystem:
+def recorded_system(name: str, effective: dict[str, Any], drafted: bool) -> SimSystem:
     """A recorded arm as the simulator models it, from the configuration it ran
     with: toolserve's pinning, prompt lookup and routing settings; a stock vLLM
-    server's speculative config."""
+    server's speculative config; vLLM's router as consistent hashing of the
+    session over its servers, which draft as the run's counters say (`drafted`:
+    their settings are not kept; its program scheduling, which only orders
+    admission at the router, is not modelled)."""
     toolserve = effective.get("toolserve_config")
     if toolserve is None:
         command: Sequence[str] = effective.get("command", [])
-        if any("vllm_router" in part for part in command):
-            raise ValueError(f"{name}: arms behind vLLM's router are not simulated yet")
-        drafted = "--speculative-config" in command
+        if not behind_vllm_router(effective):
+            drafted = "--speculative-config" in command
         return SimSystem(name=name, drafts="ngram" if drafted else "none", routing="session-hash")
     main = toolserve["main"]
     lookup = main.get("prompt_lookup", {})
@@ -116,6 +118,25 @@ def recorded_system(name: str, effective: dict[str, Any]) -> SimSystem:
         prompt_lookup=_known(PromptLookupConfig, lookup),
         router=_known(RoutingConfig, toolserve.get("routing", {})),
     )
+
+
+def behind_vllm_router(effective: dict[str, Any]) -> bool:
+    return any("vllm_router" in part for part in effective.get("command", []))
+
+
+def recorded_replicas(effective: dict[str, Any]) -> int:
+    """Engine replicas of a recorded arm: toolserve's, one a server behind vLLM's
+    router, else one."""
+    toolserve = effective.get("toolserve_config")
+    if toolserve is not None:
+        return int(toolserve["main"].get("num_replicas", 1))
+    command = list(effective.get("command", []))
+    if behind_vllm_router(effective) and "--bindings" in command:
+        servers = command[command.index("--bindings") + 1 :]
+        return next(
+            (index for index, part in enumerate(servers) if part.startswith("--")), len(servers)
+        )
+    return 1
 
 
 def _known(model: type[_Settings], values: dict[str, Any]) -> _Settings:

@@ -17,7 +17,7 @@ from bench.sim.drafts import DraftRates
 from bench.sim.engine import SimEngineSettings
 from bench.sim.profile import StepProfile
 from bench.sim.simulation import SimResult, Simulation
-from bench.sim.systems import recorded_system
+from bench.sim.systems import recorded_replicas, recorded_system
 
 DRAFT_WINDOW = 4
 
@@ -74,13 +74,6 @@ def draft_rates(summary: dict[str, Any]) -> DraftRates | None:
     return None
 
 
-def _replicas(effective: dict[str, Any]) -> int:
-    toolserve = effective.get("toolserve_config")
-    if toolserve is not None:
-        return int(toolserve["main"].get("num_replicas", 1))
-    return 1  # a stock vLLM server (`recorded_system` refuses the router's arms)
-
-
 def simulate_run(
     run_dir: Path, profile: StepProfile, seed: int = 0
 ) -> tuple[list[ArmComparison], list[RatioComparison]]:
@@ -103,15 +96,19 @@ def simulate_run(
         if "error" in figures:
             continue
         effective = summary["effective_configuration"][name]
-        system = recorded_system(name, effective)
+        work = figures.get("work", {})
+        drafted = bool((work.get("draft_tokens") or {}).get("mean"))
+        system = recorded_system(name, effective, drafted)
         results: list[SimResult] = []
+        replicas = recorded_replicas(effective)
         for repeat in range(rounds):
             programs = recorded_programs(run_dir, name, repeat)
-            engines = system.engines(_replicas(effective), shape, profile.step_time, rates, seed)
+            engines = system.engines(replicas, shape, profile.step_time, rates, seed)
             router = system.new_router(shape.max_num_seqs)
-            results.append(Simulation(engines, router).run(programs))
+            # Every recorded run's replicas shared one machine's cores.
+            simulation = Simulation(engines, router, shared_cores=replicas > 1)
+            results.append(simulation.run(programs))
         simulated_means[name] = [result.jct_mean_s for result in results]
-        work = figures.get("work", {})
         arms.append(
             ArmComparison(
                 run=run_dir.name,

@@ -20,7 +20,7 @@ from bench.sim.routing import SessionHashRouting, ToolserveRouting
 from bench.sim.run import engine_shape, simulate_programs, simulated_table
 from bench.sim.simulation import SimProgram, SimTurn, Simulation, SimulationStuck
 from bench.sim.step_time import StepTimeModel, StepWork
-from bench.sim.systems import CATALOG, recorded_system
+from bench.sim.systems import CATALOG, recorded_replicas, recorded_system
 from bench.sim.validate import (
     ArmComparison,
     RatioComparison,
@@ -300,7 +300,9 @@ def test_a_scheduled_step_is_read_as_prefill_chunks_decodes_and_drafts(tmp_path:
 
 def test_a_recorded_arm_is_simulated_with_the_policies_it_ran() -> None:
     stock = recorded_system(
-        "stock-vllm", {"command": ["vllm", "--speculative-config", "{}"], "toolserve_config": None}
+        "stock-vllm",
+        {"command": ["vllm", "--speculative-config", "{}"], "toolserve_config": None},
+        drafted=False,  # the server's own command says
     )
     assert stock.pinning is None and stock.drafts == "ngram" and stock.routing == "session-hash"
     toolserve = recorded_system(
@@ -313,6 +315,7 @@ def test_a_recorded_arm_is_simulated_with_the_policies_it_ran() -> None:
                 }
             }
         },
+        drafted=False,
     )
     assert toolserve.pinning is not None and toolserve.pinning.mode == "fixed"
     assert toolserve.pinning.idle_hold_factor > 1e6  # recorded before the factor existed
@@ -386,13 +389,20 @@ def test_a_workload_is_simulated_on_each_systems_replicas() -> None:
     assert "| toolserve | 2 | 8 |" in simulated_table(figures)
 
 
-def test_an_arm_behind_vllms_router_is_refused_not_misread() -> None:
+def test_an_arm_behind_vllms_router_is_its_servers_behind_consistent_hashing() -> None:
     router_arm = {
-        "command": ["python", "-m", "bench.baselines.vllm_router"],
+        "command": [
+            *("python", "-m", "bench.baselines.vllm_router", "--port", "1"),
+            *("--bindings", "0", "1", "--on-nodes"),
+        ],
         "toolserve_config": None,
     }
-    with pytest.raises(ValueError, match="not simulated yet"):
-        recorded_system("stock-vllm-router", router_arm)
+    drafted = recorded_system("stock-vllm-router", router_arm, drafted=True)
+    assert drafted.pinning is None and drafted.routing == "session-hash"
+    assert drafted.drafts == "ngram"
+    assert recorded_system("stock-vllm-router", router_arm, drafted=False).drafts == "none"
+    assert recorded_replicas(router_arm) == 2
+    assert recorded_replicas({"command": ["vllm", "serve"], "toolserve_config": None}) == 1
 
 
 def test_a_runs_error_names_a_misordered_ranking_and_the_largest_errors() -> None:
