@@ -166,7 +166,9 @@ def _programs(
     first=st.integers(1, 300),
     appended=st.integers(1, 120),
     pause_s=st.floats(0.0, 5.0),
-    blocks=st.integers(40, 120),
+    # From 56 blocks of 16 tokens, the longest context (300 + 4 x 120 + 5 x 12 tokens)
+    # fits the pool; a smaller pool can never serve it.
+    blocks=st.integers(56, 120),
     pinned=st.booleans(),
 )
 def test_every_program_finishes_and_every_block_comes_back(
