@@ -1,10 +1,12 @@
 import json
 import random
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench.sim.decisions import simulated_decisions
+from bench.sim.decisions import read_decision_log, simulated_decisions
 from cluster.config import PinningConfig
 from cluster.policies.pinning_controller import PinningController, pinning_controller
 from cluster.policies.pinning_log import first_difference, replayed
@@ -107,3 +109,21 @@ def test_a_log_without_its_start_or_with_an_unknown_call_is_refused() -> None:
         replayed(log[1:], build)
     with pytest.raises(ValueError, match="not a decision"):
         replayed([log[0], {"event": "take_stats", "inputs": {}}], build)
+
+
+RECORDED_LOG = Path(__file__).parent / "data" / "pinning-decisions-trace-replay.jsonl.gz"
+
+
+def test_the_simulators_controller_decides_as_a_recorded_engine_did() -> None:
+    """The log of toolserve's engine in `toolserve bench --workload trace-replay
+    --quick --programs 16 --repeats 1 --systems
+    toolserve@main.pinning.decision_log_dir=DIR` (SmolLM2 on the CPU, the cost
+    model and program FCFS as shipped, 87 turns under KV pressure), replayed
+    through the controller the simulator builds."""
+    log = read_decision_log(RECORDED_LOG)
+    assert log[0]["config"]["mode"] == "cost_model" and log[0]["config"]["program_fcfs"]
+    reasons = Counter(reason for record in log[1:] for _, reason in record["released"])
+    assert reasons["pressure"] >= 20 and reasons["next_turn"] >= 20 and reasons["expiry"] >= 5
+    events = Counter(record["event"] for record in log)
+    assert events["reprice"] >= 20 and events["on_turn_ended"] >= 80
+    assert first_difference(log, simulated_decisions(log)) is None
