@@ -47,8 +47,9 @@ class Exchange:
     server_ran_calls: int = 0
     error: str | None = None
 
-    def read_chunk(self, data: dict[str, Any], at: float) -> None:
-        """One streamed chunk, or a whole reply."""
+    def read_chunk(self, data: dict[str, Any], at: float, streamed: bool = True) -> None:
+        """One streamed chunk, or a whole reply (which has no first token of its
+        own: its time is the request's latency, not a time to first token)."""
         self.usage = data.get("usage") or self.usage
         self.server_ran_calls += sum(
             len(message.get("tool_calls") or ()) for message in executed_messages(data)
@@ -56,7 +57,7 @@ class Exchange:
         for choice in data.get("choices") or ():
             part = choice.get("delta") or choice.get("message") or {}
             calls = part.get("tool_calls") or ()
-            if (part.get("content") or calls) and self.first_token is None:
+            if streamed and (part.get("content") or calls) and self.first_token is None:
                 self.first_token = at
             self.tool_calls += sum(
                 1
@@ -85,7 +86,7 @@ class _RecordedBody(httpx2.AsyncByteStream):
         if self._exchange.status >= 400:
             self._exchange.error = self._pending.decode(errors="replace")[:500]
         elif not self._streamed and self._pending:
-            self._exchange.read_chunk(json.loads(self._pending), now)
+            self._exchange.read_chunk(json.loads(self._pending), now, streamed=False)
         self._exchange.finished = now
 
     def _read_lines(self, at: float) -> None:

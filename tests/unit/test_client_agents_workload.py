@@ -126,6 +126,8 @@ def test_a_whole_reply_is_read_once_the_library_has_it() -> None:
     (record,) = exchange_records(target, agent, [exchange], exchange.sent)
     assert (record.prompt_tokens, record.cached_tokens, record.completion_tokens) == (10, None, 5)
     assert record.agent_type == agent.agent_type and record.error is None
+    # A whole reply's time is its latency; only a streamed one has a first token.
+    assert exchange.first_token is None and record.first_token_s is None
 
 
 def _request(
