@@ -85,7 +85,7 @@ LADDER_STEPS: tuple[tuple[str, dict[str, Any]], ...] = (
             "main.pinning.mode": "off",
             "main.pinning.program_fcfs": False,
             "main.prompt_lookup.prose_floor": 4,
-            "main.prompt_lookup.max_decoders": 1024,
+            "main.prompt_lookup.max_decoders": None,
             "main.prompt_lookup.min_prose_acceptance": 0.0,
             "main.prompt_lookup.predicted_calls": False,
             "main.admission.enabled": False,
@@ -97,7 +97,6 @@ LADDER_STEPS: tuple[tuple[str, dict[str, Any]], ...] = (
         "+gate",
         {
             "main.prompt_lookup.prose_floor": 1,
-            "main.prompt_lookup.max_decoders": 8,
             "main.prompt_lookup.min_prose_acceptance": 0.1,
             "main.prompt_lookup.predicted_calls": True,
         },

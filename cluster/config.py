@@ -410,11 +410,16 @@ class PromptLookupConfig(_Strict):
     probe_every: int = Field(
         default=8, ge=1, description="Steps per probe while prose drafts are withheld."
     )
-    max_decoders: int = Field(
-        default=8,
+    max_decoders: int | None = Field(
+        default=None,
         ge=0,
         description="With more requests decoding at once, none gets drafts: each "
-        "verified draft costs the batch compute whether or not it is accepted.",
+        "verified draft costs the batch compute whether or not it is accepted. None: "
+        "no cap. On CPUs a draft token costs about a third of a decoding sequence's "
+        "share of a step at any batch, so drafts accepted as often as the gate keeps "
+        "them pay at any concurrency (bench/results/client-agents-draft-cap: a cap "
+        "of 8 made agents 1.52x slower); a cap is for engines whose verification "
+        "grows costly past some batch.",
     )
     past_cap_acceptance: float | None = Field(
         default=None,

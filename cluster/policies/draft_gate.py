@@ -3,9 +3,10 @@ its next step, after the stateful multi-agent inference paper's gating (§3.6):
 the whole window while the request writes a tool call (names, keys and values
 copied from the prompt), a floor in prose that grows with the request's own
 acceptance there (an exponential moving average), none in prose whose drafts are
-almost never accepted but for a periodic probe step, and no drafts at all while
-more requests decode together than verification pays for (the concurrency cap:
-each verified draft costs a batch slot's compute whether or not it is accepted)."""
+almost never accepted but for a periodic probe step, and, with a concurrency
+cap, no drafts at all while more requests decode together than verification
+pays for (each verified draft costs a batch slot's compute whether or not it is
+accepted)."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ class GateSettings:
     """Weight of the newest step in the acceptance average."""
     initial_acceptance: float
     """A request's acceptance in prose before its first verified step."""
-    max_decoders: int
-    """Above this many decoding requests, no request gets drafts."""
+    max_decoders: int | None
+    """Above this many decoding requests, no request gets drafts (None: no cap)."""
     min_prose_acceptance: float = 0.0
     """Below this acceptance in prose, drafts only on probe steps."""
     probe_every: int = 1
@@ -146,7 +147,8 @@ class ProposalGate:
 
     def over_cap(self, decoders: int) -> bool:
         """Whether more requests decode than the cap allows drafts for (counted)."""
-        over = decoders > self.settings.max_decoders
+        cap = self.settings.max_decoders
+        over = cap is not None and decoders > cap
         if over:
             self._stats.capped_steps += 1
         return over

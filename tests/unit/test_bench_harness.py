@@ -511,7 +511,7 @@ def test_each_ladder_rung_adds_one_mechanism_and_the_last_plus_caches_is_toolser
     assert rungs[0] == "toolserve-bare" and rungs[-1].endswith("+cost-ttl")
     bare = mechanisms(rungs[0])
     assert bare == {
-        "gate": (4, 1024, 0.0, False),
+        "gate": (4, None, 0.0, False),
         "fcfs": False,
         "pinning": "off",
         "admission": False,

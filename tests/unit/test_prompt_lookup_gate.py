@@ -12,7 +12,14 @@ from transformers import AutoTokenizer
 
 from cluster.config import PromptLookupConfig, load_config
 from cluster.models import EMBEDDED_SCHEME, SMOLLM2, resolve_model
-from cluster.policies.draft_gate import CALL, PROSE, CallRegions, GateSettings, ProposalGate
+from cluster.policies.draft_gate import (
+    CALL,
+    PROSE,
+    CallRegions,
+    GateSettings,
+    ProposalGate,
+    gate_settings,
+)
 from deployments.engine.prompt_lookup.scheduler import opening_tokens
 
 OPENING, CLOSING = (8, 9), (7, 8, 9)  # as `tool_call>` and `</tool_call>`
@@ -103,6 +110,14 @@ def test_past_the_concurrency_cap_no_request_gets_drafts_and_the_step_is_counted
     assert gate.draft_length("r", in_call=True, over_cap=True) == 0
     assert gate.draft_length("r", in_call=False, over_cap=True) == 0
     assert gate.take_stats().capped_steps == 1
+
+
+def test_without_a_cap_as_configured_by_default_any_batch_keeps_its_drafts() -> None:
+    gate = ProposalGate(gate_settings(PromptLookupConfig()))
+    assert gate.settings.max_decoders is None
+    assert not gate.over_cap(1024)
+    assert gate.draft_length("r", in_call=True, over_cap=gate.over_cap(1024)) == 4
+    assert gate.take_stats().capped_steps == 0
 
 
 def test_past_the_cap_only_prose_that_keeps_being_accepted_gets_drafts() -> None:
