@@ -52,10 +52,15 @@ def drive(controller: PinningController, seed: int, steps: int = 400) -> None:
     controller.release_all(now=now)
 
 
+def as_written(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Records as an engine's log file holds them (through JSON)."""
+    return [json.loads(json.dumps(record)) for record in records]
+
+
 def logged_run(config: PinningConfig = CONFIG, seed: int = 7) -> list[dict[str, Any]]:
     log: list[dict[str, Any]] = []
     drive(pinning_controller(config, 40, decision_sink=log.append), seed)
-    return [json.loads(json.dumps(record)) for record in log]
+    return as_written(log)
 
 
 def test_the_log_holds_every_kind_of_decision_with_its_reason() -> None:
@@ -83,7 +88,7 @@ def test_checks_that_decide_nothing_are_left_out() -> None:
 def test_a_controller_of_the_same_configuration_replays_the_log_exactly(seed: int) -> None:
     log = logged_run(seed=seed)
     replay = replayed(log, lambda sink: pinning_controller(CONFIG, 40, decision_sink=sink))
-    assert first_difference(log, [json.loads(json.dumps(record)) for record in replay]) is None
+    assert first_difference(log, as_written(replay)) is None
 
 
 def test_the_simulators_controller_decides_as_the_logged_one() -> None:
@@ -95,10 +100,10 @@ def test_another_configuration_parts_from_the_log_where_it_decides_otherwise() -
     log = logged_run()
     fixed = CONFIG.model_copy(update={"mode": "fixed", "fixed_ttl_s": 0.5})
     replay = replayed(log, lambda sink: pinning_controller(fixed, 40, decision_sink=sink))
-    difference = first_difference(log, [json.loads(json.dumps(record)) for record in replay])
+    difference = first_difference(log, as_written(replay))
     assert difference is not None
     assert difference[0] == 0  # its description already differs
-    later = first_difference(log[1:], [json.loads(json.dumps(r)) for r in replay[1:]])
+    later = first_difference(log[1:], as_written(replay[1:]))
     assert later is not None and later[1] != later[2]
 
 
