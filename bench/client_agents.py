@@ -45,15 +45,16 @@ class Exchange:
     finish_reason: str | None = None
     tool_calls: int = 0
     server_ran_calls: int = 0
+    server_ran_rounds: int = 0
     error: str | None = None
 
     def read_chunk(self, data: dict[str, Any], at: float, streamed: bool = True) -> None:
         """One streamed chunk, or a whole reply (which has no first token of its
         own: its time is the request's latency, not a time to first token)."""
         self.usage = data.get("usage") or self.usage
-        self.server_ran_calls += sum(
-            len(message.get("tool_calls") or ()) for message in executed_messages(data)
-        )
+        calling = [message for message in executed_messages(data) if message.get("tool_calls")]
+        self.server_ran_calls += sum(len(message["tool_calls"]) for message in calling)
+        self.server_ran_rounds += len(calling)
         for choice in data.get("choices") or ():
             part = choice.get("delta") or choice.get("message") or {}
             calls = part.get("tool_calls") or ()
@@ -348,6 +349,7 @@ def exchange_records(
                 ),
                 prefix=exchange.headers.get(PREFIX_HEADER),
                 server_ran_calls=exchange.server_ran_calls,
+                server_ran_rounds=exchange.server_ran_rounds,
             )
         )
     return records

@@ -294,13 +294,20 @@ def kv_cache_size_tokens(metrics_text: str) -> int | None:
     return max(sizes, default=None)
 
 
+def returning_turns(requests: Iterable[RequestRecord]) -> int:
+    """Turns after a program's first, as the engines see them: every request after
+    the program's first, and every round the server ran after hosted calls within a
+    request (a turn to the engine the client never sent)."""
+    return sum((request.turn_index > 0) + request.server_ran_rounds for request in requests)
+
+
 def reported_rates(
     metrics_text: str, returning_turns: int | None = None
 ) -> dict[str, float | None]:
     """Every rate in RATE_NAMES: the system's figure, or None when it reports none.
 
-    `returning_turns`, the client's count of turns after a program's first, replaces
-    the engines' own count in the pinned-KV reuse rate: with several replicas a turn
+    `returning_turns`, the client's count (`returning_turns()`), replaces the
+    engines' own count in the pinned-KV reuse rate: with several replicas a turn
     sent to a replica its program never ran on is a miss no engine counts.
     """
     totals = counter_totals(metrics_text)

@@ -49,6 +49,10 @@ class RequestRecord:
     (`X-Toolserve-Prefix`), where it made one."""
     server_ran_calls: int = 0
     """Calls the server ran itself within the request (hosted tools)."""
+    server_ran_rounds: int = 0
+    """Model turns the server ran after those calls within the request: returning
+    turns to the engine that the client never sent (0 in records written before it
+    was recorded)."""
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": "request", **asdict(self)}

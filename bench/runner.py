@@ -25,6 +25,7 @@ from bench.metrics import (
     kv_cache_size_tokens,
     reported_rates,
     retention_work,
+    returning_turns,
 )
 from bench.options import BenchOptions, arms_of, parse_system
 from bench.peer import aiperf_report_figures, run_aiperf
@@ -325,7 +326,6 @@ def _run_arm(
         run_figures = aiperf_report_figures(run_dir / "aiperf" / tag)
     elif plan.hot_path:
         run_figures |= hot_path.cpu_figures(len(result.requests), cpu_use.total_s, cpu_use.engine_s)
-    returning_turns = sum(request.turn_index > 0 for request in result.requests)
     arm_run = ArmRun(
         round=round_index,
         programs=result.programs,
@@ -333,7 +333,7 @@ def _run_arm(
         stalls=result.stalls,
         wall_s=result.wall_s,
         startup_s=startup,
-        rates=reported_rates(metrics_after, returning_turns),
+        rates=reported_rates(metrics_after, returning_turns(result.requests)),
         work=engine_work(metrics_before, metrics_after)
         | front_end_work(metrics_before, metrics_after)
         | retention_work(metrics_before, metrics_after),

@@ -26,6 +26,7 @@ from bench.metrics import (
     percentile,
     ratio,
     reported_rates,
+    returning_turns,
     system_figures,
     time_saved_by_tool_latency,
     time_saved_pct,
@@ -233,6 +234,19 @@ def test_reported_rates_come_from_prometheus_counters() -> None:
     )
     no_pinning = PROMETHEUS_TEXT.split("# HELP ray_toolserve_kv_pin_hits_total")[0]
     assert reported_rates(no_pinning, returning_turns=60)["pinned_kv_reuse_rate"] is None
+
+
+def test_rounds_the_server_ran_after_hosted_calls_are_returning_turns() -> None:
+    first, second = _request("toolserve", 0, 1.0), _request("toolserve", 1, 1.0)
+    hosted_twice = replace(first, server_ran_calls=3, server_ran_rounds=2)
+    assert returning_turns([first, second]) == 1
+    # Two rounds of three calls: two more turns reach the engine, not three.
+    assert returning_turns([hosted_twice, second]) == 3
+    # 30 pins hit in 40 engine turns of which the client sent 30 is 75%, not 100%.
+    turns = [first, *[second] * 30] + [replace(first, server_ran_rounds=1)] * 10
+    assert reported_rates(PROMETHEUS_TEXT, returning_turns(turns))["pinned_kv_reuse_rate"] == (
+        pytest.approx(30 / 40)
+    )
 
 
 def test_kv_capacity_is_read_from_the_engines_cache_config() -> None:

@@ -65,6 +65,7 @@ def test_a_request_record_is_the_programs_latest_turn() -> None:
         "first_token_s": 0.2,
         "prefix": None,
         "server_ran_calls": 0,
+        "server_ran_rounds": 0,
     }
 
 

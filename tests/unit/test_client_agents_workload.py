@@ -102,7 +102,7 @@ def test_a_streamed_reply_is_read_on_its_way_to_the_library() -> None:
     )
     exchange = _recorded(body, "text/event-stream", {"X-Toolserve-Prefix": "held; tokens=870"})
     assert exchange.usage == usage
-    assert (exchange.tool_calls, exchange.server_ran_calls) == (1, 2)
+    assert (exchange.tool_calls, exchange.server_ran_calls, exchange.server_ran_rounds) == (1, 2, 1)
     assert exchange.finish_reason == "tool_calls"
     assert exchange.first_token is not None and exchange.finished is not None
     assert exchange.headers["x-toolserve-prefix"] == "held; tokens=870"
