@@ -1177,6 +1177,15 @@ class SpeculationConfig(_Strict):
         "predictor has no call to start (the draft costs model time; where it shares "
         "the cores with the main model, it slows the turn it predicts).",
     )
+    draft_min_tool_s: float = Field(
+        default=0.05,
+        ge=0,
+        description="Ask the draft only for turns declaring a side-effect-free hosted "
+        "tool whose runs typically take at least this long, seconds (the median of its "
+        "last runs; a tool not yet run counts as long enough): a guessed run saves at "
+        "most the tool's own run time, less than a draft request costs for a tool that "
+        "answers in milliseconds (0: every turn).",
+    )
     learned: bool = Field(
         default=True,
         description="Also predict from transitions learned online per agent kind "

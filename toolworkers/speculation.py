@@ -5,8 +5,10 @@ declared; it changes when a result is ready, never what the client receives."""
 
 from __future__ import annotations
 
-from collections import Counter
+import statistics
+from collections import Counter, deque
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from cluster.config import SpeculationConfig
@@ -69,6 +71,30 @@ def draft_predictions(reply: dict[str, Any]) -> list[PredictedCall]:
     ]
 
 
+class RunDurations:
+    """How long each hosted tool's recent runs took: the median of its last
+    `remembered` runs, robust to the slow first run of a fresh tool worker."""
+
+    def __init__(self, remembered: int = 8):
+        self._remembered = remembered
+        self._runs: dict[str, deque[float]] = {}
+
+    def observe(self, tool: str, duration_s: float) -> None:
+        self._runs.setdefault(tool, deque(maxlen=self._remembered)).append(duration_s)
+
+    def typical(self, tool: str) -> float | None:
+        """The tool's typical run, seconds; None before its first run."""
+        runs = self._runs.get(tool)
+        return statistics.median(runs) if runs else None
+
+
+class DraftSkip(StrEnum):
+    """Why a turn's draft request was not made."""
+
+    LEARNED_PREDICTION = "learned_prediction"
+    SHORT_TOOLS = "short_tools"
+
+
 class SpeculationPolicy:
     def __init__(self, config: SpeculationConfig, registry: ToolRegistry):
         self._config = config
@@ -81,7 +107,7 @@ class SpeculationPolicy:
             return self._config.moderate_min_confidence
         return 0.0
 
-    def describe(self, name: str) -> dict[str, Any] | None:
+    def describe(self, name: str, runs: RunDurations) -> dict[str, Any] | None:
         """A hosted tool's speculation policy, as `GET /v1/tools` shows it (None
         for a tool the deployment does not host)."""
         tool = self._registry.get(name)
@@ -115,12 +141,27 @@ class SpeculationPolicy:
             "min_confidence": self._threshold(spec.cost_class) if on_guess else None,
             "predicted_from": sources if on_guess else [],
             "predictions_learned_per": "tenant",
+            "typical_run_s": runs.typical(name),
+            "draft_min_tool_s": self._config.draft_min_tool_s,
         }
 
-    def asks_draft(self, learned_chosen: list[PredictedCall]) -> bool:
-        """Whether the turn is worth the draft's model time, given the learned
-        predictions already started."""
-        return self._config.draft_when == "always" or not learned_chosen
+    def draft_skip(
+        self, learned_chosen: list[PredictedCall], declared_hosted: set[str], runs: RunDurations
+    ) -> DraftSkip | None:
+        """Why the turn is not worth the draft's model time (None: it is), given the
+        learned predictions already started and how long the declared tools run: a
+        guessed run saves at most the tool's own run time, so tools that all finish
+        sooner than `draft_min_tool_s` gain nothing worth a draft request."""
+        if self._config.draft_when == "no_learned_prediction" and learned_chosen:
+            return DraftSkip.LEARNED_PREDICTION
+        for name in declared_hosted:
+            tool = self._registry.get(name)
+            if tool is None or not tool.spec.side_effect_free:
+                continue
+            typical = runs.typical(name)
+            if typical is None or typical >= self._config.draft_min_tool_s:
+                return None
+        return DraftSkip.SHORT_TOOLS
 
     def choose(
         self, predictions: list[PredictedCall], declared_hosted: set[str]

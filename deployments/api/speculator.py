@@ -34,6 +34,7 @@ from toolworkers.predictor import (
     latest_user_text,
 )
 from toolworkers.speculation import (
+    RunDurations,
     SpeculationPolicy,
     call_identity,
     draft_outcome,
@@ -128,6 +129,7 @@ class Speculator:
             min_support=config.learned_min_support, min_confidence=config.learned_min_confidence
         )
         self._policy = SpeculationPolicy(config, executor.registry)
+        self._run_durations = RunDurations()
         self._running: set[asyncio.Task[Any]] = set()
         self._issued = Counter(
             "toolserve_speculations_issued",
@@ -160,6 +162,13 @@ class Speculator:
             description="Tokens the draft model computed for predictions, by outcome: used "
             "(one of its predictions was) or discarded.",
             tag_keys=("outcome",),
+        )
+        self._drafts_skipped = Counter(
+            "toolserve_speculation_drafts_skipped",
+            description="Turns not worth a draft request, by reason: learned_prediction "
+            "(the learned predictor had a call to start) or short_tools (the turn's "
+            "hosted tools answer sooner than a draft could save).",
+            tag_keys=("reason",),
         )
         self._sent_late = Counter(
             "toolserve_draft_calls_sent_to_engine",
@@ -215,7 +224,9 @@ class Speculator:
     ) -> None:
         if self._draft is None or self._draft_model is None:
             return
-        if not self._policy.asks_draft(learned_chosen):
+        skip = self._policy.draft_skip(learned_chosen, declared, self._run_durations)
+        if skip is not None:
+            self._drafts_skipped.inc(tags={"reason": str(skip)})
             return
         request = draft_request(body, self._draft_model, self._config)
         if request is None:
@@ -286,6 +297,7 @@ class Speculator:
             turn.runs[identity] = run
             self._running.add(run)
             run.add_done_callback(self._running.discard)
+            run.add_done_callback(functools.partial(self._observe_duration, prediction.name))
         return issued
 
     def settle(self, turn: SpeculationTurn, actual: list[ObservedCall]) -> None:
@@ -318,6 +330,13 @@ class Speculator:
                         functools.partial(self._run_ended, turn.tenant, prediction.name, used)
                     )
 
+    def _observe_duration(self, tool: str, run: asyncio.Task[ToolOutcome]) -> None:
+        if run.cancelled() or run.exception() is not None:
+            return
+        outcome = run.result()
+        if outcome.result.ok:
+            self._run_durations.observe(tool, outcome.result.duration_s)
+
     def _run_ended(
         self, tenant: str, tool: str, used: bool, run: asyncio.Task[ToolOutcome]
     ) -> None:
@@ -345,7 +364,7 @@ class Speculator:
         return {
             name: policy
             for name in registry.names()
-            if (policy := self._policy.describe(name)) is not None
+            if (policy := self._policy.describe(name, self._run_durations)) is not None
         }
 
     async def ledger(self, tenant: str) -> dict[str, Any] | None:

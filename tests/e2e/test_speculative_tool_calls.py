@@ -290,13 +290,25 @@ def _draft_calls_sent(cluster: Endpoints) -> dict[str, float]:
 def test_the_draft_models_call_is_sent_on_to_the_engine_writing_the_turn(
     client: OpenAI, model_name: str, cluster: Endpoints
 ) -> None:
-    """A new agent: nothing learned, so the draft model is asked. Its call arrives
-    after the turn was sent and goes on to the engine, into the program's running
-    request (the call being written, or the answer after the server ran it)."""
-    agent = f"You answer with one calculator call. You are agent {uuid.uuid4().hex[:8]}."
-    messages = [{"role": "system", "content": agent}, *CALCULATOR_FEW_SHOT[1:]]
+    """A new agent: nothing learned, so the draft model is asked (the records
+    lookup takes a second: a guess can save that much; for a tool that answers in
+    milliseconds it would not be). Its call arrives after the turn was sent and
+    goes on to the engine, into the program's running request (the call being
+    written, or the answer after the server ran it)."""
+    agent = [
+        {"role": "system", "content": f"You are records agent {uuid.uuid4().hex[:8]}."},
+        {"role": "user", "content": "Look up the record INC-5127 and summarize it."},
+    ]
     before = _draft_calls_sent(cluster)
-    _calculator_turn(client, model_name, cluster, messages, f"draft-sent-{uuid.uuid4().hex[:8]}")
+    client.chat.completions.create(
+        model=model_name,
+        messages=agent,  # type: ignore[arg-type]
+        tools=_hosted_tool(cluster, "lookup_record"),  # type: ignore[arg-type]
+        tool_choice=LOOKUP_CHOICE,  # type: ignore[arg-type]
+        temperature=0,
+        max_tokens=48,
+        extra_headers={"X-Session-ID": f"draft-sent-{uuid.uuid4().hex[:8]}"},
+    )
     deadline = time.monotonic() + 90
     while True:
         after = _draft_calls_sent(cluster)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from cluster.config import HostedToolConfig, SpeculationConfig, ToolsConfig
 from cluster.openai_protocol import ModelToolCall
 from toolworkers.execution import ResultSource, ToolOutcome
@@ -13,6 +15,8 @@ from toolworkers.predictor import ObservedCall, PredictedCall
 from toolworkers.registry import ToolRegistry
 from toolworkers.sandbox import ToolResult
 from toolworkers.speculation import (
+    DraftSkip,
+    RunDurations,
     SpeculationPolicy,
     draft_predictions,
     draft_request,
@@ -124,11 +128,42 @@ def test_of_a_stateful_tool_set_only_the_functions_that_read_the_state_are_specu
 
 def test_the_draft_is_asked_always_or_only_when_nothing_learned_was_started() -> None:
     learned = [_predicted("calculator", expression="1+1")]
+    runs = RunDurations()
     always = SpeculationPolicy(SpeculationConfig(), REGISTRY)
-    assert always.asks_draft(learned) and always.asks_draft([])
+    assert always.draft_skip(learned, DECLARED, runs) is None
+    assert always.draft_skip([], DECLARED, runs) is None
     fallback = SpeculationPolicy(SpeculationConfig(draft_when="no_learned_prediction"), REGISTRY)
-    assert not fallback.asks_draft(learned)
-    assert fallback.asks_draft([])
+    assert fallback.draft_skip(learned, DECLARED, runs) is DraftSkip.LEARNED_PREDICTION
+    assert fallback.draft_skip([], DECLARED, runs) is None
+
+
+def test_the_draft_is_not_asked_for_tools_that_answer_sooner_than_it_could_save() -> None:
+    policy = SpeculationPolicy(SpeculationConfig(draft_min_tool_s=0.05), REGISTRY)
+    runs = RunDurations(remembered=3)
+    # A tool not run yet may be slow: worth a draft.
+    assert policy.draft_skip([], {"calculator"}, runs) is None
+    runs.observe("calculator", 0.09)  # a fresh worker's first run
+    assert policy.draft_skip([], {"calculator"}, runs) is None
+    runs.observe("calculator", 0.015)
+    runs.observe("calculator", 0.014)
+    assert runs.typical("calculator") == 0.015
+    assert policy.draft_skip([], {"calculator"}, runs) is DraftSkip.SHORT_TOOLS
+    # One declared tool that runs long enough (or is unknown) is enough to ask.
+    assert policy.draft_skip([], {"calculator", "read_file"}, runs) is None
+    runs.observe("read_file", 0.5)
+    assert policy.draft_skip([], {"calculator", "read_file"}, runs) is None
+    # Tools with side effects are never started on a guess: no reason to draft them.
+    assert policy.draft_skip([], {"calculator", "append_line"}, runs) is DraftSkip.SHORT_TOOLS
+    every_turn = SpeculationPolicy(SpeculationConfig(draft_min_tool_s=0), REGISTRY)
+    assert every_turn.draft_skip([], {"calculator"}, runs) is None
+
+
+def test_a_tools_typical_run_follows_its_recent_runs() -> None:
+    runs = RunDurations(remembered=2)
+    assert runs.typical("search") is None
+    for duration in (3.0, 0.2, 0.4):
+        runs.observe("search", duration)
+    assert runs.typical("search") == pytest.approx(0.3)
 
 
 def test_settlement_matches_calls_canonically() -> None:

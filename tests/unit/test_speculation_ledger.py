@@ -16,6 +16,7 @@ from toolworkers.predictor import ObservedCall, PredictedCall
 from toolworkers.registry import ToolRegistry
 from toolworkers.sandbox import ToolResult
 from toolworkers.speculation import (
+    RunDurations,
     Settlement,
     SpeculationPolicy,
     ledger_view,
@@ -40,14 +41,32 @@ class _Executor:
 
     registry = REGISTRY
 
-    def __init__(self, cpu_s: float = 0.25, source: ResultSource = ResultSource.RAN):
+    def __init__(
+        self,
+        cpu_s: float = 0.25,
+        source: ResultSource = ResultSource.RAN,
+        duration_s: float = 0.3,
+    ):
         self.calls: list[tuple[str, dict[str, Any], str]] = []
         self._cpu_s = cpu_s
         self._source = source
+        self._duration_s = duration_s
 
     async def call(self, name: str, arguments: dict[str, Any], **options: Any) -> ToolOutcome:
         self.calls.append((name, arguments, options["tenant"]))
-        return ToolOutcome(ToolResult(True, "ok", None, 0.3, cpu_s=self._cpu_s), self._source)
+        result = ToolResult(True, "ok", None, self._duration_s, cpu_s=self._cpu_s)
+        return ToolOutcome(result, self._source)
+
+
+class _Draft:
+    """A draft model that counts what it is asked and answers nothing."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def chat(self, request: Any, turn: Any, program_id: str) -> Any:
+        self.asked.append(program_id)
+        raise RuntimeError("the draft answers nothing here")
 
 
 class _Ledger:
@@ -87,6 +106,33 @@ def _teach_and_start(speculator: Speculator, tool: str, tenant: str = "a") -> li
     return turn.issued_call_texts()
 
 
+def test_the_draft_is_asked_only_for_tools_that_run_long_enough_to_gain() -> None:
+    """Once a tool's guessed runs show it answers in milliseconds, a turn with
+    nothing learned no longer asks the draft for it: the run it could start early
+    saves less than the draft's request costs. A slow tool keeps it asked."""
+
+    async def drafts_asked_after_runs_of(duration_s: float) -> list[str]:
+        draft = _Draft()
+        config = SpeculationConfig(learned_min_support=1, draft_min_tool_s=0.05)
+        executor = _Executor(duration_s=duration_s)
+        speculator = Speculator(config, executor, draft, "draft", None, _Ledger())  # type: ignore[arg-type]
+        _teach_and_start(speculator, "calculator")
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert executor.calls, "the learned guess ran"
+        draft.asked.clear()
+        # Another tenant: nothing learned, so only the draft could predict its call.
+        turn = speculator.start(_body("calculator"), "q", "b", launch=True)
+        assert turn is not None and turn.task is not None
+        await turn.task
+        policy = speculator.policies()["calculator"]
+        assert policy["typical_run_s"] == duration_s and policy["draft_min_tool_s"] == 0.05
+        return draft.asked
+
+    assert asyncio.run(drafts_asked_after_runs_of(0.015)) == []
+    assert asyncio.run(drafts_asked_after_runs_of(0.3)) == ["q"]
+
+
 def test_a_tool_with_side_effects_never_runs_on_a_guess() -> None:
     """The same learned pattern starts the read-only lookup early and never the
     tool that closes a record: it runs only once the model writes its call."""
@@ -105,15 +151,19 @@ def test_a_tool_with_side_effects_never_runs_on_a_guess() -> None:
 
 def test_the_policy_says_which_tools_run_on_a_guess_and_why() -> None:
     policy = SpeculationPolicy(SpeculationConfig(), REGISTRY)
-    lookup, closing = policy.describe("lookup_record"), policy.describe("close_record")
+    runs = RunDurations()
+    lookup, closing = policy.describe("lookup_record", runs), policy.describe("close_record", runs)
     assert lookup is not None and closing is not None
     assert lookup["runs_on_a_guess"] and lookup["predicted_from"] == ["learned", "draft"]
     assert lookup["min_confidence"] == 0.0 and lookup["predictions_learned_per"] == "tenant"
     assert not closing["runs_on_a_guess"] and "side effects" in closing["why"]
     assert closing["min_confidence"] is None and closing["predicted_from"] == []
-    off = SpeculationPolicy(SpeculationConfig(enabled=False), REGISTRY).describe("lookup_record")
+    off = SpeculationPolicy(SpeculationConfig(enabled=False), REGISTRY).describe(
+        "lookup_record", runs
+    )
     assert off is not None and not off["runs_on_a_guess"]
-    assert policy.describe("not_hosted") is None
+    assert lookup["typical_run_s"] is None, "not run yet"
+    assert policy.describe("not_hosted", runs) is None
 
 
 def test_each_speculative_run_is_accounted_used_or_discarded_with_its_cost() -> None:
