@@ -1177,14 +1177,15 @@ class SpeculationConfig(_Strict):
         "predictor has no call to start (the draft costs model time; where it shares "
         "the cores with the main model, it slows the turn it predicts).",
     )
-    draft_min_tool_s: float = Field(
-        default=0.05,
+    draft_min_run_ratio: float = Field(
+        default=1.0,
         ge=0,
         description="Ask the draft only for turns declaring a side-effect-free hosted "
-        "tool whose runs typically take at least this long, seconds (the median of its "
-        "last runs; a tool not yet run counts as long enough): a guessed run saves at "
-        "most the tool's own run time, less than a draft request costs for a tool that "
-        "answers in milliseconds (0: every turn).",
+        "tool whose typical run lasts at least this many times the draft's typical "
+        "answer (medians of their last runs here; a tool not run yet, or a draft not "
+        "answered yet, counts as worth it): a guessed run saves at most the tool's own "
+        "run time, and the draft's answer takes its own, on shared cores from the turn "
+        "it predicts (0: every turn).",
     )
     learned: bool = Field(
         default=True,

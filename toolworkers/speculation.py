@@ -71,21 +71,37 @@ def draft_predictions(reply: dict[str, Any]) -> list[PredictedCall]:
     ]
 
 
-class RunDurations:
-    """How long each hosted tool's recent runs took: the median of its last
-    `remembered` runs, robust to the slow first run of a fresh tool worker."""
+class DraftWorth:
+    """Whether a turn's draft request could pay: a guessed run saves at most the
+    tool's own run time, and the draft's answer takes its own (on shared cores,
+    from the turn it predicts). Both from the median of their last `remembered`
+    durations, robust to a fresh tool worker's slow first run."""
 
-    def __init__(self, remembered: int = 8):
+    def __init__(self, min_run_ratio: float, remembered: int = 8):
+        self._min_run_ratio = min_run_ratio
         self._remembered = remembered
         self._runs: dict[str, deque[float]] = {}
+        self._answers: deque[float] = deque(maxlen=remembered)
 
-    def observe(self, tool: str, duration_s: float) -> None:
+    def tool_ran(self, tool: str, duration_s: float) -> None:
         self._runs.setdefault(tool, deque(maxlen=self._remembered)).append(duration_s)
 
-    def typical(self, tool: str) -> float | None:
-        """The tool's typical run, seconds; None before its first run."""
+    def draft_answered(self, duration_s: float) -> None:
+        self._answers.append(duration_s)
+
+    def typical_run(self, tool: str) -> float | None:
+        """The tool's typical run, seconds; None before its first."""
         runs = self._runs.get(tool)
         return statistics.median(runs) if runs else None
+
+    def typical_answer(self) -> float | None:
+        """The draft's typical answer time, seconds; None before its first."""
+        return statistics.median(self._answers) if self._answers else None
+
+    def worth_drafting(self, tool: str) -> bool:
+        """A tool not run yet, or a draft not answered yet, may be worth it."""
+        run, answer = self.typical_run(tool), self.typical_answer()
+        return run is None or answer is None or run >= self._min_run_ratio * answer
 
 
 class DraftSkip(StrEnum):
@@ -107,7 +123,7 @@ class SpeculationPolicy:
             return self._config.moderate_min_confidence
         return 0.0
 
-    def describe(self, name: str, runs: RunDurations) -> dict[str, Any] | None:
+    def describe(self, name: str, worth: DraftWorth) -> dict[str, Any] | None:
         """A hosted tool's speculation policy, as `GET /v1/tools` shows it (None
         for a tool the deployment does not host)."""
         tool = self._registry.get(name)
@@ -141,25 +157,21 @@ class SpeculationPolicy:
             "min_confidence": self._threshold(spec.cost_class) if on_guess else None,
             "predicted_from": sources if on_guess else [],
             "predictions_learned_per": "tenant",
-            "typical_run_s": runs.typical(name),
-            "draft_min_tool_s": self._config.draft_min_tool_s,
+            "typical_run_s": worth.typical_run(name),
+            "typical_draft_answer_s": worth.typical_answer(),
         }
 
     def draft_skip(
-        self, learned_chosen: list[PredictedCall], declared_hosted: set[str], runs: RunDurations
+        self, learned_chosen: list[PredictedCall], declared_hosted: set[str], worth: DraftWorth
     ) -> DraftSkip | None:
         """Why the turn is not worth the draft's model time (None: it is), given the
-        learned predictions already started and how long the declared tools run: a
-        guessed run saves at most the tool's own run time, so tools that all finish
-        sooner than `draft_min_tool_s` gain nothing worth a draft request."""
+        learned predictions already started and, for the tools the draft could
+        start early, whether a guess could save more than the draft takes."""
         if self._config.draft_when == "no_learned_prediction" and learned_chosen:
             return DraftSkip.LEARNED_PREDICTION
         for name in declared_hosted:
             tool = self._registry.get(name)
-            if tool is None or not tool.spec.side_effect_free:
-                continue
-            typical = runs.typical(name)
-            if typical is None or typical >= self._config.draft_min_tool_s:
+            if tool is not None and tool.spec.side_effect_free and worth.worth_drafting(name):
                 return None
         return DraftSkip.SHORT_TOOLS
 

@@ -12,6 +12,7 @@ import asyncio
 import functools
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,7 @@ from toolworkers.predictor import (
     latest_user_text,
 )
 from toolworkers.speculation import (
-    RunDurations,
+    DraftWorth,
     SpeculationPolicy,
     call_identity,
     draft_outcome,
@@ -129,7 +130,7 @@ class Speculator:
             min_support=config.learned_min_support, min_confidence=config.learned_min_confidence
         )
         self._policy = SpeculationPolicy(config, executor.registry)
-        self._run_durations = RunDurations()
+        self._draft_worth = DraftWorth(config.draft_min_run_ratio)
         self._running: set[asyncio.Task[Any]] = set()
         self._issued = Counter(
             "toolserve_speculations_issued",
@@ -167,7 +168,7 @@ class Speculator:
             "toolserve_speculation_drafts_skipped",
             description="Turns not worth a draft request, by reason: learned_prediction "
             "(the learned predictor had a call to start) or short_tools (the turn's "
-            "hosted tools answer sooner than a draft could save).",
+            "hosted tools run shorter than the draft takes to answer).",
             tag_keys=("reason",),
         )
         self._sent_late = Counter(
@@ -224,13 +225,14 @@ class Speculator:
     ) -> None:
         if self._draft is None or self._draft_model is None:
             return
-        skip = self._policy.draft_skip(learned_chosen, declared, self._run_durations)
+        skip = self._policy.draft_skip(learned_chosen, declared, self._draft_worth)
         if skip is not None:
             self._drafts_skipped.inc(tags={"reason": str(skip)})
             return
         request = draft_request(body, self._draft_model, self._config)
         if request is None:
             return
+        asked = time.monotonic()
         try:
             reply = await asyncio.wait_for(self._ask_draft(request, program_id), _DRAFT_TIMEOUT_S)
         except Exception as error:
@@ -238,6 +240,7 @@ class Speculator:
             return
         if reply is None:
             return
+        self._draft_worth.draft_answered(time.monotonic() - asked)
         turn.draft_tokens = _draft_tokens(reply)
         drafted = draft_predictions(reply)
         issued = self._launch(self._policy.choose(drafted, declared), program_id, tenant, turn)
@@ -335,7 +338,7 @@ class Speculator:
             return
         outcome = run.result()
         if outcome.result.ok:
-            self._run_durations.observe(tool, outcome.result.duration_s)
+            self._draft_worth.tool_ran(tool, outcome.result.duration_s)
 
     def _run_ended(
         self, tenant: str, tool: str, used: bool, run: asyncio.Task[ToolOutcome]
@@ -364,7 +367,7 @@ class Speculator:
         return {
             name: policy
             for name in registry.names()
-            if (policy := self._policy.describe(name, self._run_durations)) is not None
+            if (policy := self._policy.describe(name, self._draft_worth)) is not None
         }
 
     async def ledger(self, tenant: str) -> dict[str, Any] | None:

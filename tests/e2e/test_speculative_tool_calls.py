@@ -290,21 +290,21 @@ def _draft_calls_sent(cluster: Endpoints) -> dict[str, float]:
 def test_the_draft_models_call_is_sent_on_to_the_engine_writing_the_turn(
     client: OpenAI, model_name: str, cluster: Endpoints
 ) -> None:
-    """A new agent: nothing learned, so the draft model is asked (the records
-    lookup takes a second: a guess can save that much; for a tool that answers in
-    milliseconds it would not be). Its call arrives after the turn was sent and
-    goes on to the engine, into the program's running request (the call being
-    written, or the answer after the server ran it)."""
+    """A new agent and a tool not run yet: nothing learned and nothing to weigh
+    against the draft's answer time, so the draft model is asked. Its call
+    arrives after the turn was sent and goes on to the engine, into the
+    program's running request (the call being written, or the answer after the
+    server ran it); the draft's answer is timed for the next turns' choice."""
     agent = [
         {"role": "system", "content": f"You are records agent {uuid.uuid4().hex[:8]}."},
-        {"role": "user", "content": "Look up the record INC-5127 and summarize it."},
+        {"role": "user", "content": "Find the record INC-5127 and summarize it."},
     ]
     before = _draft_calls_sent(cluster)
     client.chat.completions.create(
         model=model_name,
         messages=agent,  # type: ignore[arg-type]
-        tools=_hosted_tool(cluster, "lookup_record"),  # type: ignore[arg-type]
-        tool_choice=LOOKUP_CHOICE,  # type: ignore[arg-type]
+        tools=_hosted_tool(cluster, "find_record"),  # type: ignore[arg-type]
+        tool_choice={"type": "function", "function": {"name": "find_record"}},
         temperature=0,
         max_tokens=48,
         extra_headers={"X-Session-ID": f"draft-sent-{uuid.uuid4().hex[:8]}"},
@@ -319,3 +319,6 @@ def test_the_draft_models_call_is_sent_on_to_the_engine_writing_the_turn(
         time.sleep(2)
     print(f"the draft's calls sent on to the engine, by outcome: {sent}")
     assert sent["failed"] == 0, sent
+    listed = httpx.get(f"{cluster.api_base}/tools", timeout=30).json()
+    policy = listed["toolserve"]["speculation_policies"]["find_record"]
+    assert policy["typical_draft_answer_s"] is not None, policy

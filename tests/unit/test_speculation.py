@@ -16,7 +16,7 @@ from toolworkers.registry import ToolRegistry
 from toolworkers.sandbox import ToolResult
 from toolworkers.speculation import (
     DraftSkip,
-    RunDurations,
+    DraftWorth,
     SpeculationPolicy,
     draft_predictions,
     draft_request,
@@ -128,42 +128,59 @@ def test_of_a_stateful_tool_set_only_the_functions_that_read_the_state_are_specu
 
 def test_the_draft_is_asked_always_or_only_when_nothing_learned_was_started() -> None:
     learned = [_predicted("calculator", expression="1+1")]
-    runs = RunDurations()
+    worth = DraftWorth(min_run_ratio=1.0)
     always = SpeculationPolicy(SpeculationConfig(), REGISTRY)
-    assert always.draft_skip(learned, DECLARED, runs) is None
-    assert always.draft_skip([], DECLARED, runs) is None
+    assert always.draft_skip(learned, DECLARED, worth) is None
+    assert always.draft_skip([], DECLARED, worth) is None
     fallback = SpeculationPolicy(SpeculationConfig(draft_when="no_learned_prediction"), REGISTRY)
-    assert fallback.draft_skip(learned, DECLARED, runs) is DraftSkip.LEARNED_PREDICTION
-    assert fallback.draft_skip([], DECLARED, runs) is None
+    assert fallback.draft_skip(learned, DECLARED, worth) is DraftSkip.LEARNED_PREDICTION
+    assert fallback.draft_skip([], DECLARED, worth) is None
 
 
-def test_the_draft_is_not_asked_for_tools_that_answer_sooner_than_it_could_save() -> None:
-    policy = SpeculationPolicy(SpeculationConfig(draft_min_tool_s=0.05), REGISTRY)
-    runs = RunDurations(remembered=3)
-    # A tool not run yet may be slow: worth a draft.
-    assert policy.draft_skip([], {"calculator"}, runs) is None
-    runs.observe("calculator", 0.09)  # a fresh worker's first run
-    assert policy.draft_skip([], {"calculator"}, runs) is None
-    runs.observe("calculator", 0.015)
-    runs.observe("calculator", 0.014)
-    assert runs.typical("calculator") == 0.015
-    assert policy.draft_skip([], {"calculator"}, runs) is DraftSkip.SHORT_TOOLS
-    # One declared tool that runs long enough (or is unknown) is enough to ask.
-    assert policy.draft_skip([], {"calculator", "read_file"}, runs) is None
-    runs.observe("read_file", 0.5)
-    assert policy.draft_skip([], {"calculator", "read_file"}, runs) is None
-    # Tools with side effects are never started on a guess: no reason to draft them.
-    assert policy.draft_skip([], {"calculator", "append_line"}, runs) is DraftSkip.SHORT_TOOLS
-    every_turn = SpeculationPolicy(SpeculationConfig(draft_min_tool_s=0), REGISTRY)
-    assert every_turn.draft_skip([], {"calculator"}, runs) is None
+def test_the_draft_is_not_asked_for_tools_that_run_shorter_than_it_answers() -> None:
+    policy = SpeculationPolicy(SpeculationConfig(), REGISTRY)
+    worth = DraftWorth(min_run_ratio=1.0, remembered=3)
+    # Neither figure known yet: the draft may be worth it.
+    assert policy.draft_skip([], {"calculator"}, worth) is None
+    worth.tool_ran("calculator", 0.2)
+    assert policy.draft_skip([], {"calculator"}, worth) is None, "the draft never answered yet"
+    worth.draft_answered(1.5)
+    assert policy.draft_skip([], {"calculator"}, worth) is DraftSkip.SHORT_TOOLS
+    # One declared tool that runs long enough (or has not run) is enough to ask.
+    assert policy.draft_skip([], {"calculator", "read_file"}, worth) is None
+    worth.tool_ran("read_file", 2.0)
+    assert policy.draft_skip([], {"calculator", "read_file"}, worth) is None
+    worth.tool_ran("read_file", 0.1)
+    worth.tool_ran("read_file", 0.1)
+    assert policy.draft_skip([], {"calculator", "read_file"}, worth) is DraftSkip.SHORT_TOOLS
+    # A faster draft makes the same tools worth it again.
+    for _ in range(3):
+        worth.draft_answered(0.05)
+    assert policy.draft_skip([], {"calculator"}, worth) is None
+    # Tools with side effects never run on a guess: nothing to draft them for.
+    slow_draft = DraftWorth(min_run_ratio=1.0)
+    slow_draft.draft_answered(10.0)
+    slow_draft.tool_ran("calculator", 0.2)
+    assert policy.draft_skip([], {"calculator", "append_line"}, slow_draft) is DraftSkip.SHORT_TOOLS
 
 
-def test_a_tools_typical_run_follows_its_recent_runs() -> None:
-    runs = RunDurations(remembered=2)
-    assert runs.typical("search") is None
+def test_a_ratio_of_zero_asks_the_draft_for_every_turn() -> None:
+    policy = SpeculationPolicy(SpeculationConfig(), REGISTRY)
+    worth = DraftWorth(min_run_ratio=0.0)
+    worth.tool_ran("calculator", 0.001)
+    worth.draft_answered(30.0)
+    assert policy.draft_skip([], {"calculator"}, worth) is None
+
+
+def test_typical_durations_are_the_median_of_the_last_ones() -> None:
+    worth = DraftWorth(min_run_ratio=1.0, remembered=2)
+    assert worth.typical_run("search") is None and worth.typical_answer() is None
     for duration in (3.0, 0.2, 0.4):
-        runs.observe("search", duration)
-    assert runs.typical("search") == pytest.approx(0.3)
+        worth.tool_ran("search", duration)
+    assert worth.typical_run("search") == pytest.approx(0.3)
+    for duration in (0.5, 9.0, 1.0):
+        worth.draft_answered(duration)
+    assert worth.typical_answer() == pytest.approx(5.0)
 
 
 def test_settlement_matches_calls_canonically() -> None:

@@ -11,12 +11,13 @@ from typing import Any
 
 from cluster.config import HostedToolConfig, SpeculationConfig, ToolsConfig
 from deployments.api.speculator import Speculator
+from deployments.turn import ReplyHead
 from toolworkers.execution import ResultSource, ToolOutcome
 from toolworkers.predictor import ObservedCall, PredictedCall
 from toolworkers.registry import ToolRegistry
 from toolworkers.sandbox import ToolResult
 from toolworkers.speculation import (
-    RunDurations,
+    DraftWorth,
     Settlement,
     SpeculationPolicy,
     ledger_view,
@@ -59,14 +60,36 @@ class _Executor:
 
 
 class _Draft:
-    """A draft model that counts what it is asked and answers nothing."""
+    """A draft model that counts what it is asked and, after `answer_s`, answers
+    with no call."""
 
-    def __init__(self) -> None:
+    def __init__(self, answer_s: float) -> None:
         self.asked: list[str] = []
+        self._answer_s = answer_s
 
     def chat(self, request: Any, turn: Any, program_id: str) -> Any:
         self.asked.append(program_id)
-        raise RuntimeError("the draft answers nothing here")
+        return _DraftStream(self._answer_s)
+
+
+class _DraftStream:
+    def __init__(self, answer_s: float) -> None:
+        self._answer_s = answer_s
+        self._sent = False
+
+    def __aiter__(self) -> _DraftStream:
+        return self
+
+    async def __anext__(self) -> ReplyHead:
+        if self._sent:
+            raise StopAsyncIteration
+        self._sent = True
+        await asyncio.sleep(self._answer_s)
+        body = {"choices": [{"message": {"role": "assistant", "content": "no call"}}]}
+        return ReplyHead("draft-replica", streaming=False, body=body)
+
+    def cancel(self) -> None:
+        pass
 
 
 class _Ledger:
@@ -106,16 +129,22 @@ def _teach_and_start(speculator: Speculator, tool: str, tenant: str = "a") -> li
     return turn.issued_call_texts()
 
 
-def test_the_draft_is_asked_only_for_tools_that_run_long_enough_to_gain() -> None:
-    """Once a tool's guessed runs show it answers in milliseconds, a turn with
-    nothing learned no longer asks the draft for it: the run it could start early
-    saves less than the draft's request costs. A slow tool keeps it asked."""
+def test_the_draft_is_asked_only_for_tools_that_run_longer_than_it_answers() -> None:
+    """Once a tool's guessed runs show it runs shorter than the draft takes to
+    answer, a turn with nothing learned no longer asks the draft for it: the run
+    it could start early saves less than the draft's answer costs. A slow tool
+    keeps it asked."""
 
-    async def drafts_asked_after_runs_of(duration_s: float) -> list[str]:
-        draft = _Draft()
-        config = SpeculationConfig(learned_min_support=1, draft_min_tool_s=0.05)
-        executor = _Executor(duration_s=duration_s)
+    async def drafts_asked(run_s: float, answer_s: float) -> list[str]:
+        draft = _Draft(answer_s)
+        config = SpeculationConfig(learned_min_support=1, draft_min_run_ratio=1.0)
+        executor = _Executor(duration_s=run_s)
         speculator = Speculator(config, executor, draft, "draft", None, _Ledger())  # type: ignore[arg-type]
+        # A new agent's turn: the draft is asked, and its answer timed.
+        first = speculator.start(_body("calculator"), "p0", "a", launch=True)
+        assert first is not None and first.task is not None
+        await first.task
+        assert draft.asked == ["p0"]
         _teach_and_start(speculator, "calculator")
         for _ in range(3):
             await asyncio.sleep(0)
@@ -126,11 +155,12 @@ def test_the_draft_is_asked_only_for_tools_that_run_long_enough_to_gain() -> Non
         assert turn is not None and turn.task is not None
         await turn.task
         policy = speculator.policies()["calculator"]
-        assert policy["typical_run_s"] == duration_s and policy["draft_min_tool_s"] == 0.05
+        assert policy["typical_run_s"] == run_s
+        assert policy["typical_draft_answer_s"] >= answer_s
         return draft.asked
 
-    assert asyncio.run(drafts_asked_after_runs_of(0.015)) == []
-    assert asyncio.run(drafts_asked_after_runs_of(0.3)) == ["q"]
+    assert asyncio.run(drafts_asked(run_s=0.015, answer_s=0.1)) == []
+    assert asyncio.run(drafts_asked(run_s=0.3, answer_s=0.1)) == ["q"]
 
 
 def test_a_tool_with_side_effects_never_runs_on_a_guess() -> None:
@@ -151,19 +181,20 @@ def test_a_tool_with_side_effects_never_runs_on_a_guess() -> None:
 
 def test_the_policy_says_which_tools_run_on_a_guess_and_why() -> None:
     policy = SpeculationPolicy(SpeculationConfig(), REGISTRY)
-    runs = RunDurations()
-    lookup, closing = policy.describe("lookup_record", runs), policy.describe("close_record", runs)
+    worth = DraftWorth(min_run_ratio=1.0)
+    lookup = policy.describe("lookup_record", worth)
+    closing = policy.describe("close_record", worth)
     assert lookup is not None and closing is not None
     assert lookup["runs_on_a_guess"] and lookup["predicted_from"] == ["learned", "draft"]
     assert lookup["min_confidence"] == 0.0 and lookup["predictions_learned_per"] == "tenant"
     assert not closing["runs_on_a_guess"] and "side effects" in closing["why"]
     assert closing["min_confidence"] is None and closing["predicted_from"] == []
     off = SpeculationPolicy(SpeculationConfig(enabled=False), REGISTRY).describe(
-        "lookup_record", runs
+        "lookup_record", worth
     )
     assert off is not None and not off["runs_on_a_guess"]
     assert lookup["typical_run_s"] is None, "not run yet"
-    assert policy.describe("not_hosted", runs) is None
+    assert policy.describe("not_hosted", worth) is None
 
 
 def test_each_speculative_run_is_accounted_used_or_discarded_with_its_cost() -> None:
