@@ -75,7 +75,8 @@ class DraftWorth:
     """Whether a turn's draft request could pay: a guessed run saves at most the
     tool's own run time, and the draft's answer takes its own (on shared cores,
     from the turn it predicts). Both from the median of their last `remembered`
-    durations, robust to a fresh tool worker's slow first run."""
+    durations, robust to a fresh tool worker's slow first run; while turns skip
+    the draft, its figure stays as last measured."""
 
     def __init__(self, min_run_ratio: float, remembered: int = 8):
         self._min_run_ratio = min_run_ratio
