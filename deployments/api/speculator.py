@@ -84,6 +84,13 @@ def _draft_tokens(reply: dict[str, Any]) -> int:
     )
 
 
+def _outcome(run: asyncio.Task[ToolOutcome]) -> ToolOutcome | None:
+    """A finished speculative run's outcome; None if it was cancelled or failed."""
+    if run.cancelled() or run.exception() is not None:
+        return None
+    return run.result()
+
+
 @dataclass
 class SpeculationTurn:
     """One turn: what it was predicted from, and the speculations it issued by
@@ -334,10 +341,8 @@ class Speculator:
                     )
 
     def _observe_duration(self, tool: str, run: asyncio.Task[ToolOutcome]) -> None:
-        if run.cancelled() or run.exception() is not None:
-            return
-        outcome = run.result()
-        if outcome.result.ok:
+        outcome = _outcome(run)
+        if outcome is not None and outcome.result.ok:
             self._draft_worth.tool_ran(tool, outcome.result.duration_s)
 
     def _run_ended(
@@ -345,9 +350,9 @@ class Speculator:
     ) -> None:
         """A settled speculation's run ended: its tool CPU, where this run was the
         one that ran the tool (not a result it found cached or running)."""
-        if run.cancelled() or run.exception() is not None:
+        outcome = _outcome(run)
+        if outcome is None:
             return
-        outcome = run.result()
         cpu_s = outcome.result.cpu_s
         if outcome.source not in (ResultSource.RAN, ResultSource.UNCACHED) or cpu_s is None:
             return
