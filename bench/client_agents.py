@@ -204,6 +204,9 @@ async def _openai_agents(
         ModelSettings,
         OpenAIChatCompletionsModel,
         RunContextWrapper,
+        RunErrorHandlerInput,
+        RunErrorHandlerResult,
+        RunErrorHandlers,
         Runner,
         set_tracing_disabled,
     )
@@ -243,16 +246,27 @@ async def _openai_agents(
         tools=[tool(schema) for schema in agent.tool_schemas()],
         reset_tool_choice=True,
     )
+
+    def out_of_steps(_: RunErrorHandlerInput[Any]) -> RunErrorHandlerResult:
+        # The question ends with the steps it took, as the other libraries' loops
+        # end theirs; the library's default raises and would fail the program.
+        return RunErrorHandlerResult(final_output="", include_in_history=False)
+
+    ending: RunErrorHandlers[Any] = {"max_turns": out_of_steps}
     history: list[Any] = []
     for question in agent.questions:
         given = [*history, {"role": "user", "content": question}]
         if agent.stream:
-            streamed = Runner.run_streamed(assistant, given, max_turns=config.max_tool_steps)
+            streamed = Runner.run_streamed(
+                assistant, given, max_turns=config.max_tool_steps, error_handlers=ending
+            )
             async for _ in streamed.stream_events():
                 pass
             history = streamed.to_input_list()
         else:
-            result = await Runner.run(assistant, given, max_turns=config.max_tool_steps)
+            result = await Runner.run(
+                assistant, given, max_turns=config.max_tool_steps, error_handlers=ending
+            )
             history = result.to_input_list()
 
 

@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from typing import Any
 
 import httpx2
 import pytest
 
-from bench.client_agents import Exchange, Target, WireRecorder, exchange_records
+from bench.client_agents import (
+    _LIBRARIES,
+    Connection,
+    Exchange,
+    Target,
+    WireRecorder,
+    exchange_records,
+)
 from bench.prefix_hold import prefix_hold, prefix_outcome, returning_requests
 from bench.records import RequestRecord
 from bench.workloads import plan_workload
@@ -201,4 +209,63 @@ def test_prefix_outcomes_are_read_from_the_header() -> None:
     assert prefix_outcome("held; tokens=12") == "held"
     assert prefix_outcome("broken; cause=tools_changed; position=3; recomputed=9") == (
         "broken: tools_changed"
+    )
+
+
+@pytest.mark.parametrize("library", ["openai", "openai-agents", "langchain-openai"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_question_ends_after_its_tool_steps_whatever_the_library(
+    library: str, stream: bool
+) -> None:
+    """A model that calls a tool on every turn: each library's loop stops the
+    question after `max_tool_steps` requests and goes on to the next question."""
+    config = SIZE_CONFIGS["quick"].model_copy(update={"max_tool_steps": 2})
+    agent = replace(
+        next(a for a in config.agents(0) if a.placement == "client"),
+        library=library,
+        stream=stream,
+    )
+    call = {"id": "c1", "type": "function", "function": {"name": "check_stock"}}
+    arguments = json.dumps({"item": "webcam"})
+    usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    requests: list[dict[str, Any]] = []
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        requests.append(json.loads(request.content))
+        if not requests[-1].get("stream"):
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [call | {"function": call["function"] | {"arguments": arguments}}],
+            }
+            reply = {
+                "id": "r",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "m",
+                "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+                "usage": usage,
+            }
+            return httpx2.Response(200, json=reply)
+        head = {"id": "r", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+        delta = {"role": "assistant", "tool_calls": [call | {"index": 0}]}
+        more = {"tool_calls": [{"index": 0, "function": {"arguments": arguments}}]}
+        body = _sse(
+            head | {"choices": [{"index": 0, "delta": delta}]},
+            head | {"choices": [{"index": 0, "delta": more}]},
+            head | {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+            head | {"choices": [], "usage": usage},
+        )
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+    async def run() -> None:
+        async with httpx2.AsyncClient(transport=httpx2.MockTransport(answer)) as http:
+            connection = Connection("http://server/v1", "m", "session", http)
+            await _LIBRARIES[agent.library](agent, config, connection)
+
+    asyncio.run(run())
+    assert len(requests) == len(agent.questions) * config.max_tool_steps
+    last_question = agent.questions[-1]
+    assert any(
+        message.get("content") == last_question for message in requests[-1]["messages"]
     )
