@@ -266,6 +266,4 @@ def test_a_question_ends_after_its_tool_steps_whatever_the_library(
     asyncio.run(run())
     assert len(requests) == len(agent.questions) * config.max_tool_steps
     last_question = agent.questions[-1]
-    assert any(
-        message.get("content") == last_question for message in requests[-1]["messages"]
-    )
+    assert any(message.get("content") == last_question for message in requests[-1]["messages"])
