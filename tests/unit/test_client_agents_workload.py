@@ -23,9 +23,11 @@ from bench.prefix_hold import prefix_hold, prefix_outcome, returning_requests
 from bench.records import RequestRecord
 from bench.workloads import plan_workload
 from bench.workloads.client_agents import (
+    CLIENT_LIBRARIES,
     CLIENT_TOOL_SCHEMAS,
     HOSTED_TOOL,
     SIZE_CONFIGS,
+    ClientLibrary,
     hosted_tool_schema,
     run_tool,
 )
@@ -212,10 +214,10 @@ def test_prefix_outcomes_are_read_from_the_header() -> None:
     )
 
 
-@pytest.mark.parametrize("library", ["openai", "openai-agents", "langchain-openai"])
+@pytest.mark.parametrize("library", CLIENT_LIBRARIES)
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_question_ends_after_its_tool_steps_whatever_the_library(
-    library: str, stream: bool
+    library: ClientLibrary, stream: bool
 ) -> None:
     """A model that calls a tool on every turn: each library's loop stops the
     question after `max_tool_steps` requests and goes on to the next question."""
@@ -225,8 +227,8 @@ def test_a_question_ends_after_its_tool_steps_whatever_the_library(
         library=library,
         stream=stream,
     )
-    call = {"id": "c1", "type": "function", "function": {"name": "check_stock"}}
     arguments = json.dumps({"item": "webcam"})
+    call: dict[str, Any] = {"id": "c1", "type": "function", "function": {"name": "check_stock"}}
     usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
     requests: list[dict[str, Any]] = []
 
