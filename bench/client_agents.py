@@ -322,7 +322,7 @@ async def _langchain_openai(
                 messages.append(ToolMessage(result, tool_call_id=call["id"] or ""))
 
 
-_LIBRARIES = {
+LIBRARY_LOOPS = {
     "openai": _openai_sdk,
     "openai-agents": _openai_agents,
     "langchain-openai": _langchain_openai,
@@ -380,7 +380,7 @@ async def _run_agent(
     )
     error = None
     try:
-        await _LIBRARIES[agent.library](agent, config, connection)
+        await LIBRARY_LOOPS[agent.library](agent, config, connection)
     except Exception as failure:  # the library's own error, whatever its type
         error = f"{type(failure).__name__}: {failure}"[:500]
     finally:

@@ -12,7 +12,7 @@ import httpx2
 import pytest
 
 from bench.client_agents import (
-    _LIBRARIES,
+    LIBRARY_LOOPS,
     Connection,
     Exchange,
     Target,
@@ -263,7 +263,7 @@ def test_a_question_ends_after_its_tool_steps_whatever_the_library(
     async def run() -> None:
         async with httpx2.AsyncClient(transport=httpx2.MockTransport(answer)) as http:
             connection = Connection("http://server/v1", "m", "session", http)
-            await _LIBRARIES[agent.library](agent, config, connection)
+            await LIBRARY_LOOPS[agent.library](agent, config, connection)
 
     asyncio.run(run())
     assert len(requests) == len(agent.questions) * config.max_tool_steps
