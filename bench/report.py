@@ -833,7 +833,13 @@ def write_markdown(run_dir: Path, summary: dict[str, Any]) -> Path:
         f"OpenMP threads bound to CPUs {settings['cpu_threads_bind']}. Process environment "
         "of every system: "
         + ", ".join(f"`{k}={v}`" for k, v in settings["process_environment"].items())
-        + ".",
+        + "."
+        + (
+            f" Each system's session at niceness {settings['session_nice']} against the "
+            "benchmark client's."
+            if "session_nice" in settings
+            else ""
+        ),
         "",
         *(
             [

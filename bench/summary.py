@@ -276,6 +276,7 @@ def summarize(
             "max_num_seqs": settings.max_num_seqs,
             "cpu_threads_bind": settings.cpu_threads_bind,
             "process_environment": settings.process_environment(),
+            "session_nice": settings.session_nice,
         },
         "systems": systems,
         "comparisons": comparisons,

@@ -17,7 +17,8 @@ on the same model, KV budget and CPU binding, and stopped before the next one.
   `toolserve-fixed-ttl` pins for Continuum's static 2 s instead of the cost
   model's TTL.
 - Every system starts with the same engine settings (`EngineSettings`) and the
-  same process environment (`EngineSettings.process_environment`); what toolserve's
+  same process environment (`EngineSettings.process_environment`), in a session
+  of its own at the same niceness against the client's; what toolserve's
   engine runs with beyond them is named in `DELIBERATE_DIFFERENCES`.
 - Speculation variants (`SPECULATION_VARIANTS`): toolserve with its tool
   mechanisms in turn, one of them with the client speculating itself.
@@ -45,6 +46,7 @@ from cluster.config import REPO_ROOT, ToolserveConfig
 from cluster.models import resolve_model
 from cluster.net import free_port
 from cluster.node_layout import DEFAULT_NODES, head_node
+from cluster.session_priority import set_session_nice
 
 Log = Callable[[str], None]
 _STOP_GRACE_S = 90.0
@@ -178,6 +180,9 @@ class EngineSettings:
     drafts), so that any engine argument reaches every arm."""
     engine_environment: dict[str, str] = field(default_factory=dict)
     """Environment those arguments need in the engine's processes."""
+    session_nice: int = 0
+    """Niceness of each system's session against the benchmark client's
+    (`ray.session_nice`): every arm yields the CPU to the agents alike."""
 
     def vllm_engine_kwargs(self) -> dict[str, Any]:
         """Engine and OpenAI front-end arguments, as vLLM's argument names."""
@@ -251,6 +256,7 @@ def engine_settings(
         },
         engine_environment=config.main.prompt_lookup.process_environment()
         | config.main.cpu_process_environment(),
+        session_nice=config.ray.session_nice,
     )
 
 
@@ -282,16 +288,22 @@ def with_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, 
     return result
 
 
-def _terminate_with_parent() -> None:
-    """Runs in the child before exec: SIGTERM it when the benchmark process dies,
-    even by SIGKILL, so no server outlives the run that started it."""
-    if sys.platform == "linux":
-        import ctypes
+def _prepare_system_session(session_nice: int) -> Callable[[], None]:
+    """What runs in a system's first process before exec, in its new session:
+    the session's niceness against the client's, and SIGTERM when the benchmark
+    process dies, even by SIGKILL, so no server outlives the run that started it."""
 
-        set_parent_death_signal = 1  # PR_SET_PDEATHSIG
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(
-            set_parent_death_signal, signal.SIGTERM, 0, 0, 0
-        )
+    def prepare() -> None:
+        set_session_nice(session_nice)
+        if sys.platform == "linux":
+            import ctypes
+
+            set_parent_death_signal = 1  # PR_SET_PDEATHSIG
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(
+                set_parent_death_signal, signal.SIGTERM, 0, 0, 0
+            )
+
+    return prepare
 
 
 class ServerProcess:
@@ -304,13 +316,15 @@ class ServerProcess:
         env: dict[str, str],
         log_path: Path,
         ready_line: str | None = None,
+        session_nice: int = 0,
     ):
         """`ready_line`: text the server logs once fully up (every replica, not
-        only the first to answer)."""
+        only the first to answer); `session_nice`: its session's niceness."""
         self._command = command
         self._env = env
         self._log_path = log_path
         self._ready_line = ready_line
+        self._session_nice = session_nice
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -324,7 +338,7 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_terminate_with_parent,
+                preexec_fn=_prepare_system_session(self._session_nice),
             )
 
     @property
@@ -389,14 +403,18 @@ class LaunchPlan:
     endpoint: Endpoint
     ready_line: str | None = None
     toolserve_config: dict[str, Any] | None = None
+    session_nice: int = 0
 
     def process(self) -> ServerProcess:
-        return ServerProcess(self.command, self.environment, self.log_path, self.ready_line)
+        return ServerProcess(
+            self.command, self.environment, self.log_path, self.ready_line, self.session_nice
+        )
 
     def as_json(self) -> dict[str, Any]:
         return {
             "command": self.command,
             "environment": self.environment,
+            "session_nice": self.session_nice,
             "toolserve_config": self.toolserve_config,
         }
 
@@ -460,6 +478,17 @@ class SystemSpec:
     ) -> LaunchPlan:
         """`on_nodes`: on the hosts of `toolserve nodes` (the head serves the API,
         each model node a main replica) instead of this machine's loopback."""
+        plan = self._plan(settings, base_config, workdir, tag, on_nodes)
+        return replace(plan, session_nice=settings.session_nice)
+
+    def _plan(
+        self,
+        settings: EngineSettings,
+        base_config: dict[str, Any],
+        workdir: Path,
+        tag: str,
+        on_nodes: bool,
+    ) -> LaunchPlan:
         if on_nodes and not self.runs_on_nodes:
             raise ValueError(
                 f"{self.name} runs on one host only; on the nodes: {', '.join(NODES_KINDS)} "

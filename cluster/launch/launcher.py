@@ -14,6 +14,7 @@ from cluster.config import ToolserveConfig
 from cluster.launch.redis_server import RedisServer, ensure_redis
 from cluster.models import resolve_model
 from cluster.net import free_port, wait_for_free_port
+from cluster.session_priority import set_session_nice
 from cluster.signals import stop_on_signals
 
 Log = Callable[[str], None]
@@ -87,6 +88,8 @@ class LocalCluster:
     def start(self) -> Endpoints:
         config = self._config
         started = time.monotonic()
+        if config.ray.address is None and set_session_nice(config.ray.session_nice):
+            self._log(f"session: niceness {config.ray.session_nice} against other sessions")
         self._log("models: preparing")
         main_model = resolve_model(config.main.engine.model, config.cache_dir)
         draft_model = (

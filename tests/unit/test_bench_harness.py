@@ -51,10 +51,14 @@ def _settings():  # type: ignore[no-untyped-def]
 def test_every_baseline_starts_with_the_same_process_environment(tmp_path: Path) -> None:
     raw = load_config(DEFAULT_CONFIG_PATH).model_dump(mode="json")
     environments = {}
+    session_nices = set()
     for name in BASELINE_SYSTEMS:
         arm = arm_setup(name, raw, 256, 4096)
-        environments[name] = arm.spec.plan(arm.settings, arm.raw_config, tmp_path, name).environment
+        plan = arm.spec.plan(arm.settings, arm.raw_config, tmp_path, name)
+        environments[name] = plan.environment
+        session_nices.add(plan.session_nice)
     assert len({tuple(sorted(env.items())) for env in environments.values()}) == 1
+    assert session_nices == {load_config(DEFAULT_CONFIG_PATH).ray.session_nice}
     environment = environments["stock-vllm"]
     settings = _settings()
     assert environment["RAY_worker_niceness"] == "0"

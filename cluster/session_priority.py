@@ -1,0 +1,29 @@
+"""The CPU share of this process's login session beside the machine's other sessions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+AUTOGROUP = Path("/proc/self/autogroup")
+"""Linux's per-session scheduling group of this process: the kernel first shares
+the CPU between sessions, then among each session's processes."""
+
+
+def set_session_nice(nice: int, autogroup: Path = AUTOGROUP) -> bool:
+    """Give this process's session (and every process it starts) the niceness
+    `nice` against the machine's other sessions; False where the kernel keeps no
+    such groups or refuses (a lower niceness than the session's needs privilege)."""
+    try:
+        autogroup.write_text(str(nice))
+    except OSError:
+        return False
+    return True
+
+
+def session_nice(autogroup: Path = AUTOGROUP) -> int | None:
+    """This process's session niceness (`/autogroup-5 nice 3` -> 3); None where the
+    kernel keeps no such groups."""
+    try:
+        return int(autogroup.read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
