@@ -27,3 +27,26 @@ def session_nice(autogroup: Path = AUTOGROUP) -> int | None:
         return int(autogroup.read_text().split()[-1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+class SessionNiceness:
+    """This process's session niceness, set while something runs and put back as
+    it was afterwards (a terminal's session outlives the cluster it started)."""
+
+    def __init__(self, autogroup: Path = AUTOGROUP):
+        self._autogroup = autogroup
+        self._before: int | None = None
+
+    def set(self, nice: int) -> bool:
+        """False where the kernel keeps no such groups or refuses."""
+        before = session_nice(self._autogroup)
+        if before is None or not set_session_nice(nice, self._autogroup):
+            return False
+        if self._before is None:
+            self._before = before
+        return True
+
+    def restore(self) -> None:
+        if self._before is not None:
+            set_session_nice(self._before, self._autogroup)
+            self._before = None

@@ -14,7 +14,7 @@ from cluster.config import ToolserveConfig
 from cluster.launch.redis_server import RedisServer, ensure_redis
 from cluster.models import resolve_model
 from cluster.net import free_port, wait_for_free_port
-from cluster.session_priority import set_session_nice
+from cluster.session_priority import SessionNiceness
 from cluster.signals import stop_on_signals
 
 Log = Callable[[str], None]
@@ -69,6 +69,7 @@ class LocalCluster:
         self._log = log
         self._redis: RedisServer | None = None
         self._ray_started = False
+        self._session = SessionNiceness()
 
     def __enter__(self) -> Endpoints:
         try:
@@ -88,7 +89,7 @@ class LocalCluster:
     def start(self) -> Endpoints:
         config = self._config
         started = time.monotonic()
-        if config.ray.address is None and set_session_nice(config.ray.session_nice):
+        if config.ray.address is None and self._session.set(config.ray.session_nice):
             self._log(f"session: niceness {config.ray.session_nice} against other sessions")
         self._log("models: preparing")
         main_model = resolve_model(config.main.engine.model, config.cache_dir)
@@ -234,6 +235,7 @@ class LocalCluster:
             self._log("shutting down: redis-server")
             self._redis.stop()
         self._redis = None
+        self._session.restore()
 
 
 def _health_summary(health_url: str, wanted_replicas: dict[str, int]) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.systems import ServerProcess
-from cluster.session_priority import AUTOGROUP, session_nice, set_session_nice
+from cluster.session_priority import AUTOGROUP, SessionNiceness, session_nice, set_session_nice
 
 
 def test_the_niceness_is_written_where_the_kernel_reads_it(tmp_path: Path) -> None:
@@ -31,6 +31,27 @@ def test_the_kernels_line_reads_as_its_niceness(tmp_path: Path) -> None:
     autogroup = tmp_path / "autogroup"
     autogroup.write_text("/autogroup-114 nice 3\n")
     assert session_nice(autogroup) == 3
+
+
+def test_a_session_gets_its_niceness_back_once_the_cluster_stops(tmp_path: Path) -> None:
+    autogroup = tmp_path / "autogroup"
+    autogroup.write_text("/autogroup-7 nice 2\n")
+    session = SessionNiceness(autogroup)
+    assert session.set(5)
+    assert session.set(6)
+    assert session_nice(autogroup) == 6
+    session.restore()
+    assert session_nice(autogroup) == 2
+    autogroup.write_text("/autogroup-7 nice 3\n")
+    session.restore()
+    assert session_nice(autogroup) == 3
+
+
+def test_nothing_is_put_back_where_nothing_was_set(tmp_path: Path) -> None:
+    session = SessionNiceness(tmp_path / "no-such-dir" / "autogroup")
+    assert not session.set(5)
+    session.restore()
+    assert not (tmp_path / "no-such-dir").exists()
 
 
 @pytest.mark.skipif(not AUTOGROUP.exists(), reason="the kernel keeps no autogroups")
