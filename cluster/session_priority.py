@@ -12,7 +12,7 @@ the CPU between sessions, then among each session's processes."""
 def set_session_nice(nice: int, autogroup: Path = AUTOGROUP) -> bool:
     """Give this process's session (and every process it starts) the niceness
     `nice` against the machine's other sessions; False where the kernel keeps no
-    such groups or refuses (a lower niceness than the session's needs privilege)."""
+    such groups or refuses (a negative niceness needs privilege)."""
     try:
         autogroup.write_text(str(nice))
     except OSError:
