@@ -743,12 +743,11 @@ class RayConfig(_Strict):
         description="Niceness of the login session `toolserve up` runs in, while it "
         "runs, against the machine's other sessions (Linux's autogroup: the kernel "
         "shares the CPU between sessions first, then among each session's processes). "
-        "Above 0 the "
-        "cluster yields the CPU to agents started from another terminal of the same "
-        "machine; at 0 the engine's busy threads kept a benchmark client beside the "
-        "embedded default waiting for a CPU for up to 4 s at a time. No effect where "
-        "the kernel keeps no autogroups or in a container's own cgroup (KubeRay); a "
-        "joined cluster keeps its own.",
+        "Above 0 the cluster yields the CPU to agents started from another terminal "
+        "of the same machine; at 0 the engine's busy threads kept a benchmark client "
+        "beside the embedded default waiting for a CPU for up to 4 s at a time. No "
+        "effect where the kernel keeps no autogroups or in a container's own cgroup "
+        "(KubeRay); a joined cluster keeps its own.",
     )
 
 
