@@ -736,6 +736,20 @@ class RayConfig(_Strict):
         "its stream cross no thread. False: Ray's default of a thread and a loop "
         "each. A joined cluster keeps its own.",
     )
+    daemon_nice: int = Field(
+        default=19,
+        ge=0,
+        le=19,
+        description="Niceness a local instance's Ray daemons that serve no request "
+        "run at once the cluster is ready: the GCS, the log, autoscaler and dashboard "
+        "monitors, the dashboard and runtime-env agents, Serve's controller, and "
+        "Serve's proxy while the ingress replica takes requests itself. Each wakes "
+        "many times a second; on a machine whose cores the engine's threads share, "
+        "every such wake-up stalls the engine, whose threads wait for each other. At "
+        "19 they run in the engine's gaps instead. 0 leaves them as Ray starts "
+        "them. The raylet keeps its niceness (the workers it starts inherit it); a "
+        "joined cluster keeps its own.",
+    )
     session_nice: int = Field(
         default=5,
         ge=0,

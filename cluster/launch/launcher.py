@@ -11,6 +11,7 @@ from types import TracebackType
 import httpx
 
 from cluster.config import ToolserveConfig
+from cluster.daemon_priority import yield_background_daemons
 from cluster.launch.redis_server import RedisServer, ensure_redis
 from cluster.models import resolve_model
 from cluster.net import free_port, wait_for_free_port
@@ -199,6 +200,11 @@ class LocalCluster:
         if config.draft_replicas:
             wanted["draft"] = config.draft_replicas.num_replicas
         self._wait_until_healthy(endpoints.health_url, timeout, wanted)
+        if config.ray.address is None and config.ray.daemon_nice > 0:
+            niced = yield_background_daemons(
+                os.getpid(), config.ray.daemon_nice, config.server.ingress == "direct"
+            )
+            self._log(f"ray: niceness {config.ray.daemon_nice} for " + (", ".join(niced) or "none"))
         self._log(f"ready in {time.monotonic() - started:.0f}s")
         return endpoints
 

@@ -1,0 +1,83 @@
+"""Ray's own daemons of a local instance, which serve no request, made to yield the
+CPU to the processes that do (the engines, the ingress, the tool workers)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+
+BACKGROUND_TITLES = (
+    "ray::ServeController",
+    "ray::DashboardAgent",
+    "ray::RuntimeEnvAgent",
+)
+"""Process titles of the Ray workers and agents no request passes through."""
+IDLE_PROXY_TITLE = "ray::ProxyActor"
+"""Serve's proxy, which Ray starts even when the ingress replica takes the API's
+requests itself (and then receives none)."""
+BACKGROUND_PROGRAMS = (
+    "gcs_server",
+    "ray/_private/log_monitor.py",
+    "ray/autoscaler/_private/monitor.py",
+    "ray/dashboard/dashboard.py",
+)
+"""Ray's head daemons, by the program they run. The raylet is not one of them: the
+workers it starts (the engines') inherit its niceness."""
+
+
+def is_background_daemon(command: Sequence[str], direct_ingress: bool) -> bool:
+    """Whether a process of a local Ray instance, by its command line, is one of
+    Ray's daemons that serve no request."""
+    if not command:
+        return False
+    title = command[0]
+    if title.startswith(BACKGROUND_TITLES):
+        return True
+    if title.startswith(IDLE_PROXY_TITLE):
+        return direct_ingress
+    return any(part.endswith(BACKGROUND_PROGRAMS) for part in command[:3])
+
+
+def set_process_nice(pid: int, nice: int, proc: Path = Path("/proc")) -> bool:
+    """Every thread of process `pid` at niceness `nice` (Linux keeps niceness per
+    thread); False when the process is gone or the kernel refuses."""
+    try:
+        threads = [int(tid) for tid in os.listdir(proc / str(pid) / "task")]
+    except OSError:
+        return False
+    changed = False
+    for tid in threads:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except OSError:
+            continue
+        changed = True
+    return changed
+
+
+def yield_background_daemons(root_pid: int, nice: int, direct_ingress: bool) -> list[str]:
+    """Sets each of Ray's background daemons among `root_pid`'s descendants to
+    niceness `nice`; returns their names."""
+    try:
+        processes = psutil.Process(root_pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    niced = []
+    for process in processes:
+        try:
+            command = process.cmdline()
+        except psutil.Error:
+            continue
+        if is_background_daemon(command, direct_ingress) and set_process_nice(process.pid, nice):
+            niced.append(_daemon_name(command))
+    return sorted(niced)
+
+
+def _daemon_name(command: Sequence[str]) -> str:
+    if command[0].startswith("ray::"):
+        return command[0].split()[0].split(".")[0]
+    program = next(part for part in command[:3] if part.endswith(BACKGROUND_PROGRAMS))
+    return Path(program).name
