@@ -38,7 +38,12 @@ def is_background_daemon(command: Sequence[str], direct_ingress: bool) -> bool:
         return True
     if title.startswith(IDLE_PROXY_TITLE):
         return direct_ingress
-    return any(part.endswith(BACKGROUND_PROGRAMS) for part in command[:3])
+    return _background_program(command) is not None
+
+
+def _background_program(command: Sequence[str]) -> str | None:
+    """The head daemon's program among the command's first words, if it runs one."""
+    return next((part for part in command[:3] if part.endswith(BACKGROUND_PROGRAMS)), None)
 
 
 def set_process_nice(pid: int, nice: int, proc: Path = Path("/proc")) -> bool:
@@ -79,5 +84,4 @@ def yield_background_daemons(root_pid: int, nice: int, direct_ingress: bool) -> 
 def _daemon_name(command: Sequence[str]) -> str:
     if command[0].startswith("ray::"):
         return command[0].split()[0].split(".")[0]
-    program = next(part for part in command[:3] if part.endswith(BACKGROUND_PROGRAMS))
-    return Path(program).name
+    return Path(_background_program(command) or command[0]).name
