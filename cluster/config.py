@@ -747,8 +747,9 @@ class RayConfig(_Strict):
         "many times a second; on a machine whose cores the engine's threads share, "
         "every such wake-up stalls the engine, whose threads wait for each other. At "
         "19 they run in the engine's gaps instead. 0 leaves them as Ray starts "
-        "them. The raylet keeps its niceness (the workers it starts inherit it); a "
-        "joined cluster keeps its own.",
+        "them. The raylet keeps its niceness (the workers it starts inherit it). "
+        "`toolserve nodes up` sets it on every node it starts (Serve's proxies on "
+        "the nodes but the head among them); a joined cluster keeps its own.",
     )
     session_nice: int = Field(
         default=5,

@@ -1,10 +1,11 @@
-"""Ray's own daemons of a local instance, which serve no request, made to yield the
-CPU to the processes that do (the engines, the ingress, the tool workers)."""
+"""Ray's own daemons, which serve no request, made to yield the CPU to the processes
+that do (the engines, the ingress, the tool workers), on a Ray instance toolserve
+started itself (locally, or as the nodes of `toolserve nodes`)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import psutil
@@ -16,8 +17,9 @@ BACKGROUND_TITLES = (
 )
 """Process titles of the Ray workers and agents no request passes through."""
 IDLE_PROXY_TITLE = "ray::ProxyActor"
-"""Serve's proxy, which Ray starts even when the ingress replica takes the API's
-requests itself (and then receives none)."""
+"""Serve's proxy, which Ray starts even where it receives no request: when the
+ingress replica takes the API's requests itself, or on a node the clients do not
+address."""
 BACKGROUND_PROGRAMS = (
     "gcs_server",
     "ray/_private/log_monitor.py",
@@ -28,16 +30,16 @@ BACKGROUND_PROGRAMS = (
 workers it starts (the engines') inherit its niceness."""
 
 
-def is_background_daemon(command: Sequence[str], direct_ingress: bool) -> bool:
-    """Whether a process of a local Ray instance, by its command line, is one of
-    Ray's daemons that serve no request."""
+def is_background_daemon(command: Sequence[str], idle_proxy: bool) -> bool:
+    """Whether a process of a Ray instance, by its command line, is one of Ray's
+    daemons that serve no request; `idle_proxy`: Serve's proxy there is one."""
     if not command:
         return False
     title = command[0]
     if title.startswith(BACKGROUND_TITLES):
         return True
     if title.startswith(IDLE_PROXY_TITLE):
-        return direct_ingress
+        return idle_proxy
     return _background_program(command) is not None
 
 
@@ -63,20 +65,28 @@ def set_process_nice(pid: int, nice: int, proc: Path = Path("/proc")) -> bool:
     return changed
 
 
-def yield_background_daemons(root_pid: int, nice: int, direct_ingress: bool) -> list[str]:
+def yield_background_daemons(root_pid: int, nice: int, idle_proxy: bool) -> list[str]:
     """Sets each of Ray's background daemons among `root_pid`'s descendants to
     niceness `nice`; returns their names."""
     try:
         processes = psutil.Process(root_pid).children(recursive=True)
     except psutil.Error:
         return []
+    return yield_daemons_among(processes, nice, idle_proxy)
+
+
+def yield_daemons_among(
+    processes: Iterable[psutil.Process], nice: int, idle_proxy: bool
+) -> list[str]:
+    """Sets each of Ray's background daemons among `processes` to niceness `nice`;
+    returns their names."""
     niced = []
     for process in processes:
         try:
             command = process.cmdline()
         except psutil.Error:
             continue
-        if is_background_daemon(command, direct_ingress) and set_process_nice(process.pid, nice):
+        if is_background_daemon(command, idle_proxy) and set_process_nice(process.pid, nice):
             niced.append(_daemon_name(command))
     return sorted(niced)
 

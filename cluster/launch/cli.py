@@ -100,6 +100,9 @@ def _nodes_up(cluster: NamespaceCluster, args: argparse.Namespace) -> int:
     try:
         _log(f"toolserve up on the head node; its log: {cluster.log_path('up')}")
         cluster.wait_until_serving(config, server, config.main.startup_timeout_s)
+        if config.ray.daemon_nice > 0:
+            niced = cluster.yield_daemons(config.ray.daemon_nice)
+            _log(f"nodes: niceness {config.ray.daemon_nice} for " + (", ".join(niced) or "none"))
         _log(f"OpenAI API:  {cluster.api_root(config)}/v1")
         _log(f"Redis:       {config.redis.url}")
         if args.exit:

@@ -202,7 +202,7 @@ class LocalCluster:
         self._wait_until_healthy(endpoints.health_url, timeout, wanted)
         if config.ray.address is None and config.ray.daemon_nice > 0:
             niced = yield_background_daemons(
-                os.getpid(), config.ray.daemon_nice, config.server.ingress == "direct"
+                os.getpid(), config.ray.daemon_nice, idle_proxy=config.server.ingress == "direct"
             )
             self._log(f"ray: niceness {config.ray.daemon_nice} for " + (", ".join(niced) or "none"))
         self._log(f"ready in {time.monotonic() - started:.0f}s")

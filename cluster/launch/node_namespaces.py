@@ -26,8 +26,10 @@ from typing import IO
 from urllib.parse import urlsplit
 
 import httpx
+import psutil
 
 from cluster.config import ToolserveConfig, load_config
+from cluster.daemon_priority import yield_daemons_among
 from cluster.launch.debian_packages import binary_or_install
 from cluster.node_layout import (
     DASHBOARD_PORT,
@@ -234,6 +236,20 @@ class NamespaceCluster:
         )
         if result.returncode != 0:
             raise NamespaceClusterError(f"ray start on {name} failed: {result.stderr[-2000:]}")
+
+    def yield_daemons(self, nice: int) -> list[str]:
+        """Sets Ray's daemons that serve no request on every node to niceness
+        `nice`, Serve's proxies on the nodes other than the head among them (the
+        clients address the head's); returns their names, each with its node."""
+        niced = []
+        for node in self.nodes.values():
+            processes = []
+            for pid in _namespace_pids(node.name):
+                with contextlib.suppress(psutil.Error):  # gone since listed
+                    processes.append(psutil.Process(pid))
+            daemons = yield_daemons_among(processes, nice, idle_proxy=not node.head)
+            niced += [f"{daemon} ({node.name})" for daemon in daemons]
+        return niced
 
     def kill(self, name: str) -> None:
         """Every process of the namespace, at once (a node lost, not stopped)."""

@@ -35,8 +35,8 @@ RAY = "/venv/lib/python3.11/site-packages/ray"
     ],
 )
 def test_rays_daemons_serve_no_request(command: list[str]) -> None:
-    assert is_background_daemon(command, direct_ingress=True)
-    assert is_background_daemon(command, direct_ingress=False)
+    assert is_background_daemon(command, idle_proxy=True)
+    assert is_background_daemon(command, idle_proxy=False)
 
 
 @pytest.mark.parametrize(
@@ -53,12 +53,12 @@ def test_rays_daemons_serve_no_request(command: list[str]) -> None:
     ],
 )
 def test_what_serves_requests_or_starts_the_engines_is_left_alone(command: list[str]) -> None:
-    assert not is_background_daemon(command, direct_ingress=True)
+    assert not is_background_daemon(command, idle_proxy=True)
 
 
 def test_the_proxy_yields_only_while_the_ingress_replica_takes_the_requests() -> None:
-    assert is_background_daemon(["ray::ProxyActor"], direct_ingress=True)
-    assert not is_background_daemon(["ray::ProxyActor"], direct_ingress=False)
+    assert is_background_daemon(["ray::ProxyActor"], idle_proxy=True)
+    assert not is_background_daemon(["ray::ProxyActor"], idle_proxy=False)
 
 
 def _thread_nices(pid: int) -> list[int]:
@@ -107,7 +107,7 @@ def test_only_the_daemons_among_the_descendants_yield() -> None:
         deadline = time.monotonic() + 30
         while len(_titled_children(parent.pid)) < len(TITLES) and time.monotonic() < deadline:
             time.sleep(0.05)
-        niced = yield_background_daemons(parent.pid, own + 4, direct_ingress=False)
+        niced = yield_background_daemons(parent.pid, own + 4, idle_proxy=False)
         nices = {
             title: os.getpriority(os.PRIO_PROCESS, pid)
             for pid, title in _titled_children(parent.pid).items()
