@@ -971,9 +971,10 @@ class RoutingConfig(_Strict):
     policy: Literal["session", "power_of_two", "consistent_hash"] = Field(
         default="session",
         description="`session`: toolserve's router (the replica holding the program's "
-        "pinned KV, then the replica of its previous turn, then prefix affinity for new "
-        "programs, then consistent hashing with bounded load). `power_of_two` and "
-        "`consistent_hash` are Ray Serve's own routers, for comparison.",
+        "pinned KV, then the replica of its previous turn, then by its prompt prefix for "
+        "new programs (`prefix_placement`), then consistent hashing with bounded "
+        "load). `power_of_two` and `consistent_hash` are Ray Serve's own routers, for "
+        "comparison.",
     )
     load_epsilon: float = Field(
         default=0.25,
@@ -1012,7 +1013,16 @@ class RoutingConfig(_Strict):
         default=1000,
         ge=1,
         description="Shortest shared prefix (system messages plus tool schemas, as "
-        "JSON) for which a new program prefers replicas serving the same prefix.",
+        "JSON) by which a new program is placed (`prefix_placement`).",
+    )
+    prefix_placement: Literal["join", "spread"] = Field(
+        default="join",
+        description="Where a new program whose long prompt prefix other programs "
+        "share goes. `join`: the least loaded replica already serving that prefix "
+        "(its prefill computed once for all). `spread`: the replica that took the "
+        "fewest programs of that prefix, so programs of one kind, which tend to run "
+        "alike (as long, as many turns), are divided evenly between the replicas, "
+        "each computing the prefix once. Both within the load bounds.",
     )
     max_remembered_programs: int = Field(
         default=100_000, ge=1, description="Programs whose last replica the router keeps."

@@ -2,13 +2,15 @@
 router remembers about it, and the replicas' in-flight load. No Ray, no Redis.
 
 Order of preference: the replica holding the program's pinned KV (TTL ledger);
-the replica that served its previous turn; for a new program, a replica already
-serving programs with the same long prompt prefix; else consistent hashing of
-the program id. Those last two respect the bounded-load rule of consistent
-hashing with bounded loads (Mirrokni et al.): after routing, no replica holds
-more than ceil((1 + epsilon) * mean) requests in flight; the first two, worth a
-whole prefill, a looser ceil(affinity_load_factor * mean), and never while their
-replica has fewer requests in flight than `affinity_free_slots`.
+the replica that served its previous turn; for a new program with a long prompt
+prefix other programs share, a replica chosen by that prefix (one already
+serving it, or the one that took the fewest programs of it: `spread_prefixes`);
+else consistent hashing of the program id. Those last two respect the
+bounded-load rule of consistent hashing with bounded loads (Mirrokni et al.):
+after routing, no replica holds more than ceil((1 + epsilon) * mean) requests in
+flight; the first two, worth a whole prefill, a looser ceil(affinity_load_factor
+* mean), and never while their replica has fewer requests in flight than
+`affinity_free_slots`.
 
 A program placed on a replica stays there for all its turns, so placement also
 bounds the live programs (in flight, or between turns while a tool runs) per
@@ -107,9 +109,12 @@ class RoutingPolicy:
         affinity_load_factor: float,
         virtual_nodes: int,
         affinity_free_slots: int = 0,
+        spread_prefixes: bool = False,
     ):
         """`affinity_free_slots`: a pinned or returning program stays on its replica
-        while that replica has fewer requests in flight, whatever the others carry."""
+        while that replica has fewer requests in flight, whatever the others carry.
+        `spread_prefixes`: a new program goes to the replica that took the fewest
+        programs of its prefix, rather than to one that took some."""
         if load_epsilon <= 0:
             raise ValueError("load_epsilon must be positive")
         if affinity_load_factor < 1 + load_epsilon:
@@ -117,6 +122,7 @@ class RoutingPolicy:
         self.load_epsilon = load_epsilon
         self.affinity_load_factor = affinity_load_factor
         self.affinity_free_slots = affinity_free_slots
+        self.spread_prefixes = spread_prefixes
         self._virtual_nodes = virtual_nodes
         self._ring = HashRing(frozenset(), virtual_nodes)
 
@@ -172,16 +178,19 @@ class RoutingPolicy:
             return RoutingDecision(program.previous_replica, RoutingReason.STICKY)
 
         preferred_lost = stale_pin is not None or program.previous_replica is not None
-        if not preferred_lost:
-            owners = [r for r in program.prefix_replicas if places(r)]
+        walk = self._ring_for(frozenset(loads)).walk(program.program_id)
+        if not preferred_lost and program.prefix_replicas:
+            taken = program.prefix_replicas
+            if self.spread_prefixes:
+                fewest = [r for r in walk if places(r)]
+                if fewest:
+                    best = min(fewest, key=lambda r: (taken.get(r, 0), programs[r], loads[r]))
+                    return RoutingDecision(best, RoutingReason.PREFIX)
+            owners = [r for r in taken if places(r)]
             if owners:
-                best = min(
-                    owners,
-                    key=lambda r: (programs[r], loads[r], -program.prefix_replicas[r], r),
-                )
+                best = min(owners, key=lambda r: (programs[r], loads[r], -taken[r], r))
                 return RoutingDecision(best, RoutingReason.PREFIX)
 
-        walk = self._ring_for(frozenset(loads)).walk(program.program_id)
         # The least-loaded replica always fits the in-flight bound; both bounds
         # together may leave no replica, and then the in-flight one decides.
         chosen = next((r for r in walk if places(r)), None) or next(r for r in walk if fits(r))
@@ -284,6 +293,7 @@ def configured_routing(
         config.affinity_load_factor,
         config.virtual_nodes,
         affinity_free_slots=engine_batch_slots if config.stay_while_engine_has_room else 0,
+        spread_prefixes=config.prefix_placement == "spread",
     )
     directory = ProgramDirectory(
         max_programs=config.max_remembered_programs,

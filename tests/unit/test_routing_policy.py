@@ -1,4 +1,5 @@
-"""The replica choice: pins, stickiness, prefix affinity, bounded-load hashing."""
+"""The replica choice: pins, stickiness, placement by prefix (joining or spreading),
+bounded-load hashing."""
 
 from __future__ import annotations
 
@@ -22,12 +23,13 @@ EPSILON = 0.25
 AFFINITY_FACTOR = 1.5
 
 
-def _policy(affinity_free_slots: int = 0) -> RoutingPolicy:
+def _policy(affinity_free_slots: int = 0, spread_prefixes: bool = False) -> RoutingPolicy:
     return RoutingPolicy(
         load_epsilon=EPSILON,
         affinity_load_factor=AFFINITY_FACTOR,
         virtual_nodes=64,
         affinity_free_slots=affinity_free_slots,
+        spread_prefixes=spread_prefixes,
     )
 
 
@@ -112,6 +114,47 @@ def test_prefix_affinity_yields_to_the_load_bound() -> None:
     assert decision.replica_id == "a" and decision.reason is RoutingReason.HASHED
 
 
+def test_spreading_sends_a_new_program_where_the_fewest_of_its_prefix_went() -> None:
+    spread = _policy(spread_prefixes=True)
+    view = ProgramView("new", prefix_replicas={"a": 2, "b": 1})
+    live = {"a": 1, "b": 1, "c": 1}
+    decision = spread.choose(view, {"a": 0, "b": 0, "c": 0}, live_programs=live)
+    assert decision.replica_id == "c" and decision.reason is RoutingReason.PREFIX
+    joined = _policy().choose(view, {"a": 0, "b": 0, "c": 0}, live_programs=live)
+    assert joined.replica_id == "a" and joined.reason is RoutingReason.PREFIX
+    # As many of the prefix on each: the fewest live programs, then in flight.
+    even = ProgramView("new", prefix_replicas={"a": 1, "b": 1})
+    decision = spread.choose(even, {"a": 0, "b": 1}, live_programs={"a": 2, "b": 1})
+    assert decision.replica_id == "b"
+    decision = spread.choose(even, {"a": 0, "b": 1}, live_programs={"a": 1, "b": 1})
+    assert decision.replica_id == "a"
+    # Within the load bound (capacity ceil(1.25 x 4 / 2) = 3: "a" is full).
+    decision = spread.choose(ProgramView("new", prefix_replicas={"b": 4}), {"a": 3, "b": 0})
+    assert decision.replica_id == "b" and decision.reason is RoutingReason.PREFIX
+
+
+@pytest.mark.parametrize(("spread", "coders_on_each"), [(False, [0, 4]), (True, [2, 2])])
+def test_two_kinds_of_program_share_the_replicas_alike_only_when_spread(
+    spread: bool, coders_on_each: list[int]
+) -> None:
+    # A recorded two-replica run's arrivals: short assistants and long coders,
+    # each kind with a prompt prefix of its own, all still live when the last comes.
+    policy = _policy(spread_prefixes=spread)
+    directory = ProgramDirectory(max_programs=100, max_prefixes=10, live_after_turn_s=300.0)
+    arrivals = [("a1", "assistant"), ("a2", "assistant"), ("c1", "coder"), ("c2", "coder")]
+    arrivals += [("c3", "coder"), ("a3", "assistant"), ("c4", "coder")]
+    placed = {}
+    for now, (program, kind) in enumerate(arrivals):
+        live = directory.live_programs(now=float(now))
+        view = directory.view(program, kind, None)
+        placed[program] = policy.choose(view, {"r1": 0, "r2": 0}, live).replica_id
+        directory.routed(program, kind, placed[program], now=float(now))
+        directory.turn_ended(program, now=float(now))
+    coders = [program for program, kind in arrivals if kind == "coder"]
+    on_each = [sum(placed[c] == replica for c in coders) for replica in ("r1", "r2")]
+    assert sorted(on_each) == coders_on_each
+
+
 def test_a_new_program_without_prefix_owners_is_hashed() -> None:
     loads = {"a": 0, "b": 0, "c": 0}
     decision = _policy().choose(ProgramView("q"), loads)
@@ -144,12 +187,13 @@ views = st.builds(
     loads=load_maps,
     free_slots=st.integers(0, 40),
     live=st.dictionaries(replica_names, st.integers(0, 30), max_size=8),
+    spread=st.booleans(),
 )
 @settings(max_examples=400, deadline=None)
 def test_every_choice_respects_its_load_bound(
-    view: ProgramView, loads: dict[str, int], free_slots: int, live: dict[str, int]
+    view: ProgramView, loads: dict[str, int], free_slots: int, live: dict[str, int], spread: bool
 ) -> None:
-    decision = _policy(free_slots).choose(view, loads, live)
+    decision = _policy(free_slots, spread).choose(view, loads, live)
     assert decision.replica_id in loads
     if decision.reason in (RoutingReason.PINNED, RoutingReason.STICKY):
         bound = max(load_capacity(loads, AFFINITY_FACTOR), free_slots)
