@@ -8,9 +8,9 @@ serving it, or the one that took the fewest programs of it: `spread_prefixes`);
 else consistent hashing of the program id. Those last two respect the
 bounded-load rule of consistent hashing with bounded loads (Mirrokni et al.):
 after routing, no replica holds more than ceil((1 + epsilon) * mean) requests in
-flight; the first two, worth a whole prefill, a looser ceil(affinity_load_factor
-* mean), and never while their replica has fewer requests in flight than
-`affinity_free_slots`.
+flight; the first two, worth a whole prefill, a looser
+ceil(affinity_load_factor * mean), and never while their replica has fewer
+requests in flight than `affinity_free_slots`.
 
 A program placed on a replica stays there for all its turns, so placement also
 bounds the live programs (in flight, or between turns while a tool runs) per
