@@ -178,11 +178,11 @@ class RoutingPolicy:
             return RoutingDecision(program.previous_replica, RoutingReason.STICKY)
 
         preferred_lost = stale_pin is not None or program.previous_replica is not None
-        walk = self._ring_for(frozenset(loads)).walk(program.program_id)
+        ring = self._ring_for(frozenset(loads))
         if not preferred_lost and program.prefix_replicas:
             taken = program.prefix_replicas
             if self.spread_prefixes:
-                fewest = [r for r in walk if places(r)]
+                fewest = [r for r in ring.walk(program.program_id) if places(r)]
                 if fewest:
                     best = min(fewest, key=lambda r: (taken.get(r, 0), programs[r], loads[r]))
                     return RoutingDecision(best, RoutingReason.PREFIX)
@@ -191,6 +191,7 @@ class RoutingPolicy:
                 best = min(owners, key=lambda r: (programs[r], loads[r], -taken[r], r))
                 return RoutingDecision(best, RoutingReason.PREFIX)
 
+        walk = ring.walk(program.program_id)
         # The least-loaded replica always fits the in-flight bound; both bounds
         # together may leave no replica, and then the in-flight one decides.
         chosen = next((r for r in walk if places(r)), None) or next(r for r in walk if fits(r))
