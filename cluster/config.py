@@ -846,8 +846,14 @@ class ServerConfig(_Strict):
         "less on every request's path; a local Ray instance only. `proxy`: through "
         "Serve's HTTP proxy, for a Ray cluster of several nodes (`ray.address`).",
     )
-    request_timeout_s: float = Field(
-        default=600, gt=0, description="Longest a single API request may take."
+    request_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Longest a single API request may take, its wait for a place in "
+        "the engine included; Serve then drops the connection. None: no limit, as in "
+        "vLLM's server. Under program FCFS the newest programs' first turns wait while "
+        "older programs' turns run, minutes when many programs arrive at once; a limit "
+        "turns that wait into failed programs.",
     )
     ingress_ray_resources: dict[str, float] = Field(
         default_factory=dict,

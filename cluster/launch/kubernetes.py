@@ -48,20 +48,20 @@ def profile_values(config: ToolserveConfig) -> dict[str, Any]:
     profile = config.model_dump(mode="json", exclude_unset=True)
     server = profile.setdefault("server", {})
     server["port"] = config.server.port
-    server["request_timeout_s"] = config.server.request_timeout_s
+    if config.server.request_timeout_s is not None:
+        server["request_timeout_s"] = config.server.request_timeout_s
     return dict(profile)
 
 
 def serve_config(config: ToolserveConfig) -> dict[str, Any]:
     """Serve's declarative config for the profile: one application, built on the
     cluster by `deployments.app.serve_application` from the profile itself."""
+    http_options: dict[str, Any] = {"host": "0.0.0.0", "port": config.server.port}
+    if config.server.request_timeout_s is not None:
+        http_options["request_timeout_s"] = config.server.request_timeout_s
     return {
         "proxy_location": "EveryNode",
-        "http_options": {
-            "host": "0.0.0.0",
-            "port": config.server.port,
-            "request_timeout_s": config.server.request_timeout_s,
-        },
+        "http_options": http_options,
         "applications": [
             {
                 "name": config.name,

@@ -183,6 +183,11 @@ def test_overrides_reach_the_serve_config() -> None:
     [service] = [obj for obj in _objects(render_chart(values)) if obj["kind"] == "RayService"]
     serve = yaml.safe_load(service["spec"]["serveConfigV2"])
     assert serve["applications"][0]["args"]["config"]["main"]["num_replicas"] == 3
+    assert "request_timeout_s" not in serve["http_options"]  # no limit, as vLLM's server
+    values["profile"]["server"]["request_timeout_s"] = 900
+    [service] = [obj for obj in _objects(render_chart(values)) if obj["kind"] == "RayService"]
+    serve = yaml.safe_load(service["spec"]["serveConfigV2"])
+    assert serve["http_options"]["request_timeout_s"] == 900
 
 
 def test_profiles_that_cannot_run_as_a_rayservice_are_refused() -> None:

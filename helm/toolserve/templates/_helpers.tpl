@@ -27,7 +27,9 @@ proxy_location: EveryNode
 http_options:
   host: 0.0.0.0
   port: {{ required "profile.server.port" $config.server.port }}
-  request_timeout_s: {{ required "profile.server.request_timeout_s" $config.server.request_timeout_s }}
+{{- with $config.server.request_timeout_s }}
+  request_timeout_s: {{ . }}
+{{- end }}
 applications:
 - name: {{ $config.name }}
   route_prefix: /
