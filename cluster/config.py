@@ -256,6 +256,17 @@ class PinningConfig(_Strict):
         "that arrives while older ones are busy waits behind their turns for about "
         "this long at most instead of until they end. None: no limit (Continuum's order).",
     )
+    program_admission_share: float | None = Field(
+        default=None,
+        gt=0,
+        le=4,
+        description="A program new to an engine starts its first "
+        "turn only while its prompt and the contexts of the programs already started "
+        "there (a turn running or waiting, or back within `max_ttl_s`) fit this share "
+        "of the KV pool, or the engine runs nothing; new programs start in arrival "
+        "order. Without it a new program starts whenever no older program's turn "
+        "waits, and loses its KV first when their turns return. None: off.",
+    )
     fixed_ttl_s: float = Field(
         default=2.0,
         ge=0,
@@ -353,7 +364,7 @@ class PinningConfig(_Strict):
 
     @property
     def enabled(self) -> bool:
-        return self.mode != "off" or self.program_fcfs
+        return self.mode != "off" or self.program_fcfs or self.program_admission_share is not None
 
 
 class PromptLookupConfig(_Strict):

@@ -36,4 +36,11 @@ def simulated_decisions(log: list[dict[str, Any]]) -> list[dict[str, Any]]:
             raise ValueError("the logged engine did not pin")
         return glue.controller
 
-    return [json.loads(json.dumps(record)) for record in replayed(log, build)]
+    records = [json.loads(json.dumps(record)) for record in replayed(log, build)]
+    if records and records[0].get("event") == "start":
+        # A log written before a setting existed lacks it; the simulator ran with
+        # its default, which is what the engine ran with too.
+        records[0]["config"] = {
+            name: value for name, value in records[0]["config"].items() if name in start["config"]
+        }
+    return records

@@ -178,6 +178,11 @@ _PIN_COUNTERS = {
         "toolserve_kv_pin_reused_prefix_tokens",
         "Prompt tokens returning turns found cached while pinned.",
     ),
+    "programs_held": (
+        "toolserve_programs_held",
+        "Programs new to the engine whose first turn program admission held back "
+        "(each counted once).",
+    ),
 }
 
 

@@ -469,3 +469,65 @@ def test_with_a_horizon_a_returning_turn_no_longer_overtakes_programs_long_waiti
     scenario: after the newcomers that have waited since 0.1 s."""
     order = finish_order_of_newcomers_and_a_returning_turn(horizon_engine, event_loop_runner, 0.3)
     assert order[-1] == "old", order
+
+
+@pytest.fixture(scope="module")
+def admission_engine(
+    event_loop_runner: asyncio.AbstractEventLoop, cache_dir: Path, horizon_engine: Engine
+) -> Iterator[Engine]:
+    settings = EnginePinningSettings(
+        mode="fixed",
+        fixed_ttl_s=60,
+        max_ttl_s=60,
+        program_admission_share=0.5,  # 2,048 of the pool's 4,096 tokens
+        replica_id="admission",
+    )
+    yield from in_place_of(horizon_engine, event_loop_runner, cache_dir, settings)
+
+
+def test_program_admission_holds_a_new_program_until_a_started_one_ends(
+    admission_engine: Engine, event_loop_runner: asyncio.AbstractEventLoop
+) -> None:
+    """A started program in its tool pause holds 1,544 tokens of the 2,048 budget, so
+    a new program of 1,024 waits while another request keeps the engine busy, and
+    starts as soon as the started program ends, before that request finishes."""
+    finish_order: list[str] = []
+    started, new = f"started-{uuid.uuid4().hex[:6]}", f"new-{uuid.uuid4().hex[:6]}"
+
+    async def blocker(decoding: asyncio.Event) -> None:
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=3000, ignore_eos=True, temperature=0)
+        async for _ in admission_engine.engine.generate(
+            {"prompt_token_ids": tokens(64, 90)}, params, request_id=uuid.uuid4().hex
+        ):
+            decoding.set()
+        finish_order.append("blocker")
+
+    async def new_program() -> None:
+        await admission_engine.turn(tokens(1024, 92), new, max_tokens=4)
+        finish_order.append("new")
+
+    async def scenario() -> int:
+        await admission_engine.turn(tokens(1536, 91), started)
+        await admission_engine.control("turn_ended", started, "tool")
+        decoding = asyncio.Event()
+        running = asyncio.create_task(blocker(decoding))
+        await decoding.wait()
+        held_before = (await admission_engine.control("stats"))["programs_held"]
+        waiting = asyncio.create_task(new_program())
+        held = held_before
+        while held == held_before and not running.done():
+            held = (await admission_engine.control("stats"))["programs_held"]
+            await asyncio.sleep(0.05)
+        assert held == held_before + 1
+        assert not waiting.done() and not running.done()
+        await admission_engine.control("end_program", started)
+        await waiting
+        await running
+        await admission_engine.control("end_program", new)
+        return held_before
+
+    held_before = run(event_loop_runner, scenario())
+    assert finish_order == ["new", "blocker"]
+    assert held_before == 0

@@ -1,6 +1,8 @@
 """vLLM scheduler extension: keeps a finished turn's hashed KV blocks referenced
-while the program's tool runs, orders waiting requests by program arrival, and
-unpins later programs when the waiting head cannot get its blocks.
+while the program's tool runs, orders waiting requests by program arrival,
+unpins later programs when the waiting head cannot get its blocks, and (with
+program admission) holds a new program's first turn until the programs already
+started leave it room.
 
 Composed in `engine/schedulers.py`, which vLLM loads by name inside the
 EngineCore process (`scheduler_cls`); the policy lives
@@ -25,6 +27,7 @@ from cluster.openai_protocol import (
     RETAIN_FOR_ARG,
 )
 from cluster.policies.pinning_controller import Pin, pinning_controller
+from cluster.policies.program_admission import ProgramAdmission
 from cluster.policies.ttl_cost_model import (
     OffloadReload,
     PrefillProfile,
@@ -41,6 +44,8 @@ logger = logging.getLogger("toolserve.pinning.scheduler")
 
 _PINNABLE = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED})
 _ADMISSIBLE = frozenset({RequestStatus.WAITING, RequestStatus.PREEMPTED})
+# A preempted turn computed tokens once (vLLM counts them again from zero).
+_RESUMING = frozenset({RequestStatus.PREEMPTED})
 
 
 class PinningSchedulerMixin:
@@ -73,6 +78,17 @@ class PinningSchedulerMixin:
         )
         self._awaiting_admission: dict[str, str] = {}
         self._repriced_for: str | None = None
+        self._program_admission = (
+            ProgramAdmission(
+                pool_tokens=self._block_pool.num_gpu_blocks * base.block_size,
+                share=settings.program_admission_share,
+                return_window_s=settings.max_ttl_s,
+                max_programs=settings.max_tracked_programs,
+            )
+            if settings.program_admission_share is not None
+            else None
+        )
+        self._holding_new_program = False
         self._ledger = (
             LedgerPublisher(settings.redis_url, settings.replica_id)
             if settings.redis_url and settings.mode != "off"
@@ -83,14 +99,15 @@ class PinningSchedulerMixin:
         base: Scheduler = self
         program_id = request.session_id
         if program_id and request.request_id not in base.requests:
-            extra_args = request.sampling_params.extra_args if request.sampling_params else None
-            parent_id = (extra_args or {}).get(PARENT_PROGRAM_ARG)
+            parent_id = _extra_args(request).get(PARENT_PROGRAM_ARG)
             self._pinning.on_arrival(
                 program_id, time.time(), parent_id if isinstance(parent_id, str) else None
             )
             if self._settings.program_fcfs:
                 request.arrival_time = self._pinning.queue_time(program_id, request.arrival_time)
             self._awaiting_admission[request.request_id] = program_id
+            if self._program_admission is not None:
+                self._program_admission.turn_arrived(program_id, request.num_tokens)
         super().add_request(request)  # type: ignore[misc]
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
@@ -104,6 +121,7 @@ class PinningSchedulerMixin:
         head = self._waiting_head()
         if head is not None:
             self._admit(head, running_reserve, now)
+        self._holding_new_program = False
         output: SchedulerOutput = super().schedule(*args, **kwargs)  # type: ignore[misc]
         for new_request in output.scheduled_new_reqs:
             program_id = self._awaiting_admission.pop(new_request.req_id, None)
@@ -121,13 +139,49 @@ class PinningSchedulerMixin:
         self._publish()
         return output
 
+    def _handle_blocked_waiting_request(self, request: Request) -> bool:
+        if self._program_admission is not None and not self._admits_program(request):
+            return False
+        ready: bool = super()._handle_blocked_waiting_request(request)  # type: ignore[misc]
+        return ready
+
+    def _admits_program(self, request: Request) -> bool:
+        """Program admission: a new program's first turn waits while the started
+        programs' contexts fill the budget, and so does every new program behind it."""
+        assert self._program_admission is not None
+        program_id = request.session_id
+        if not program_id or request.num_computed_tokens or request.status in _RESUMING:
+            return True
+        if self._program_admission.is_started(program_id):
+            return True
+        if self._holding_new_program:
+            return False
+        base: Scheduler = self
+        admitted = self._program_admission.admits(
+            program_id, request.num_tokens, time.time(), engine_busy=bool(base.running)
+        )
+        self._holding_new_program = not admitted
+        return admitted
+
     def _waiting_head(self) -> Request | None:
         """The request vLLM admits next, unless requests holding blocks come first."""
         base: Scheduler = self
         if base.kv_holding_waiting or not base.waiting:
             return None
         head = base.waiting.peek_request()
-        return head if head.status in _ADMISSIBLE else None
+        if head.status not in _ADMISSIBLE or self._holds_new_program(head):
+            return None
+        return head
+
+    def _holds_new_program(self, request: Request) -> bool:
+        base: Scheduler = self
+        return (
+            self._program_admission is not None
+            and bool(request.session_id)
+            and not self._program_admission.would_admit(
+                request.session_id, request.num_tokens, time.time(), bool(base.running)
+            )
+        )
 
     def _admit(self, head: Request, running_reserve: int, now: float) -> None:
         """Continuum's admission rule: when the head cannot get its blocks, programs
@@ -198,6 +252,11 @@ class PinningSchedulerMixin:
         base: Scheduler = self
         self._awaiting_admission.pop(request.request_id, None)
         program_id = request.session_id
+        extra_args = _extra_args(request)
+        if program_id and self._program_admission is not None:
+            self._program_admission.turn_finished(program_id, request.num_tokens, time.time())
+            if extra_args.get(LAST_STEP_ARG):
+                self._program_ended(program_id)
         if program_id and request.status in _PINNABLE:
             blocks = [
                 block
@@ -205,9 +264,6 @@ class PinningSchedulerMixin:
                 for block in group
                 if block.block_hash is not None and not block.is_null
             ]
-            extra_args = (
-                request.sampling_params.extra_args if request.sampling_params else None
-            ) or {}
             pin_now, released = self._pinning.on_finished(
                 program_id,
                 blocks,
@@ -221,6 +277,11 @@ class PinningSchedulerMixin:
             if pin_now:
                 self._block_pool.touch(blocks)
         super()._free_blocks(request)  # type: ignore[misc]
+
+    def _program_ended(self, program_id: str) -> None:
+        """The program ended or moved to another replica: it no longer counts here."""
+        if self._program_admission is not None:
+            self._program_admission.ended(program_id)
 
     def _release(self, pins: list[Pin]) -> None:
         for pin in pins:
@@ -244,9 +305,11 @@ class PinningSchedulerMixin:
                 self._release(self._pinning.on_turn_ended(program_id, tool, now, holding_cost))
             case EngineOperation.END_PROGRAM:
                 (program_id,) = arguments
+                self._program_ended(program_id)
                 self._release(self._pinning.end_program(program_id, now))
             case EngineOperation.RELEASE_PIN:
                 (program_id,) = arguments
+                self._program_ended(program_id)
                 self._release(self._pinning.release_moved(program_id, now))
             case EngineOperation.SET_PREFILL_PROFILE:
                 self._pinning.set_prefill_profile(PrefillProfile(*arguments))
@@ -254,6 +317,9 @@ class PinningSchedulerMixin:
                 stats = self._pinning.take_stats().as_dict()
                 stats["free_blocks"] = self._block_pool.get_num_free_blocks()
                 stats["total_blocks"] = self._block_pool.num_gpu_blocks
+                stats["programs_held"] = (
+                    self._program_admission.programs_held if self._program_admission else 0
+                )
                 self._publish()
                 return stats
         self._publish()
@@ -267,6 +333,10 @@ class PinningSchedulerMixin:
         if self._decision_log is not None:
             self._decision_log.close()
         super().shutdown()  # type: ignore[misc]
+
+
+def _extra_args(request: Request) -> dict[str, Any]:
+    return (request.sampling_params.extra_args if request.sampling_params else None) or {}
 
 
 def _retention_hint(extra_args: dict[str, Any]) -> RetentionHint | None:

@@ -1,0 +1,109 @@
+"""Pure: whether a program new to an engine may start its first turn now, given
+the contexts of the programs the engine already serves.
+
+Program FCFS alone starts a new program whenever no older program's turn waits,
+typically while the older programs' tools run. When their turns come back the
+new program's KV is the first to go, and it computes its context again turn
+after turn. Holding it until the programs already started leave room for it
+trades that recomputation for a later start."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass
+class _Started:
+    context_tokens: int
+    in_flight: int
+    last_end: float | None
+
+
+class ProgramAdmission:
+    """Programs started on one engine, by id (at most `max_programs`, the least
+    recently used forgotten first). A started program counts its last known
+    context against `share` of the pool while a turn of it runs or waits, and
+    for `return_window_s` after its last turn ended (longer, it counts as not
+    coming back). Times are seconds on any one clock."""
+
+    def __init__(
+        self,
+        pool_tokens: int,
+        share: float,
+        return_window_s: float,
+        max_programs: int = 100_000,
+    ):
+        self._limit = int(pool_tokens * share)
+        self._return_window_s = return_window_s
+        self._max_programs = max_programs
+        self._started: OrderedDict[str, _Started] = OrderedDict()
+        self._held: set[str] = set()
+        self.programs_held = 0
+        """Programs whose first turn was held at least once."""
+
+    @property
+    def limit_tokens(self) -> int:
+        return self._limit
+
+    def is_started(self, program_id: str) -> bool:
+        return program_id in self._started
+
+    def committed_tokens(self, now: float) -> int:
+        """Context tokens of the started programs that run, wait or may come back."""
+        return sum(
+            program.context_tokens
+            for program in self._started.values()
+            if program.in_flight > 0
+            or (program.last_end is not None and now - program.last_end <= self._return_window_s)
+        )
+
+    def would_admit(
+        self, program_id: str, prompt_tokens: int, now: float, engine_busy: bool
+    ) -> bool:
+        """Whether the program's turn may start: always for a started program or
+        an idle engine, for a new one when its prompt fits beside the committed
+        contexts."""
+        return (
+            program_id in self._started
+            or not engine_busy
+            or self.committed_tokens(now) + prompt_tokens <= self._limit
+        )
+
+    def admits(self, program_id: str, prompt_tokens: int, now: float, engine_busy: bool) -> bool:
+        """`would_admit`, recorded: an admitted new program counts as started from
+        here on, a held one among the programs held."""
+        if program_id in self._started:
+            return True
+        if not self.would_admit(program_id, prompt_tokens, now, engine_busy):
+            if program_id not in self._held:
+                self._held.add(program_id)
+                self.programs_held += 1
+            return False
+        self._held.discard(program_id)
+        self._started[program_id] = _Started(prompt_tokens, 1, None)
+        while len(self._started) > self._max_programs:
+            self._started.popitem(last=False)
+        return True
+
+    def turn_arrived(self, program_id: str, prompt_tokens: int) -> None:
+        """A turn of a started program arrived (a new program's first turn is
+        counted when admitted)."""
+        program = self._started.get(program_id)
+        if program is not None:
+            self._started.move_to_end(program_id)
+            program.in_flight += 1
+            program.context_tokens = prompt_tokens
+
+    def turn_finished(self, program_id: str, context_tokens: int, now: float) -> None:
+        """A turn of the program left the engine (finished or aborted)."""
+        self._held.discard(program_id)
+        program = self._started.get(program_id)
+        if program is not None:
+            program.in_flight = max(0, program.in_flight - 1)
+            program.last_end = now
+            program.context_tokens = context_tokens
+
+    def ended(self, program_id: str) -> None:
+        self._started.pop(program_id, None)
+        self._held.discard(program_id)

@@ -1,0 +1,97 @@
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cluster.policies.program_admission import ProgramAdmission
+
+
+def _admission(pool_tokens: int = 1000, share: float = 1.0) -> ProgramAdmission:
+    return ProgramAdmission(pool_tokens=pool_tokens, share=share, return_window_s=30)
+
+
+def test_a_new_program_waits_while_the_started_ones_fill_the_budget() -> None:
+    admission = _admission()
+    assert admission.admits("a", 600, now=0, engine_busy=True)
+    assert not admission.admits("b", 500, now=1, engine_busy=True)
+    assert admission.admits("c", 400, now=1, engine_busy=True)  # fits beside a's 600
+    assert admission.programs_held == 1
+
+
+def test_a_started_program_is_never_held() -> None:
+    admission = _admission()
+    admission.admits("a", 900, now=0, engine_busy=True)
+    admission.turn_finished("a", 2000, now=5)  # its context outgrew the pool
+    admission.turn_arrived("a", 2100)
+    assert admission.admits("a", 2100, now=6, engine_busy=True)
+    assert admission.committed_tokens(now=6) == 2100
+
+
+def test_an_idle_engine_starts_whatever_comes() -> None:
+    admission = _admission()
+    admission.admits("a", 900, now=0, engine_busy=True)
+    assert not admission.would_admit("b", 500, now=1, engine_busy=True)
+    assert admission.admits("b", 500, now=1, engine_busy=False)
+    assert admission.is_started("b")
+
+
+def test_a_program_away_longer_than_the_window_stops_counting() -> None:
+    admission = _admission()
+    admission.admits("a", 800, now=0, engine_busy=True)
+    admission.turn_finished("a", 900, now=10)
+    assert not admission.would_admit("b", 200, now=40, engine_busy=True)  # a may come back
+    assert admission.would_admit("b", 200, now=40.5, engine_busy=True)
+
+
+def test_an_ended_program_frees_its_share_and_comes_back_as_new() -> None:
+    admission = _admission()
+    admission.admits("a", 800, now=0, engine_busy=True)
+    admission.turn_finished("a", 900, now=1)
+    admission.ended("a")
+    assert admission.committed_tokens(now=1) == 0
+    assert not admission.is_started("a")
+
+
+def test_a_held_program_is_counted_once() -> None:
+    admission = _admission()
+    admission.admits("a", 900, now=0, engine_busy=True)
+    for step in range(3):
+        assert not admission.admits("b", 500, now=step, engine_busy=True)
+    assert admission.programs_held == 1
+    admission.ended("a")
+    assert admission.admits("b", 500, now=4, engine_busy=True)
+    assert admission.programs_held == 1
+
+
+def test_the_share_scales_the_budget() -> None:
+    assert _admission(pool_tokens=1000, share=1.5).limit_tokens == 1500
+    over = _admission(pool_tokens=1000, share=1.5)
+    over.admits("a", 900, now=0, engine_busy=True)
+    assert over.would_admit("b", 600, now=0, engine_busy=True)
+
+
+def test_the_oldest_started_programs_are_forgotten_beyond_the_bound() -> None:
+    admission = ProgramAdmission(pool_tokens=10**6, share=1, return_window_s=30, max_programs=2)
+    for program in "abc":
+        admission.admits(program, 10, now=0, engine_busy=True)
+    assert not admission.is_started("a")
+    assert admission.is_started("b") and admission.is_started("c")
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abcdef"), st.integers(1, 600), st.booleans()),
+        max_size=40,
+    )
+)
+def test_a_busy_engine_never_admits_a_new_program_past_the_budget(
+    arrivals: list[tuple[str, int, bool]],
+) -> None:
+    admission = _admission()
+    for step, (program, tokens, finishes) in enumerate(arrivals):
+        new = not admission.is_started(program)
+        committed = admission.committed_tokens(now=step)
+        if admission.admits(program, tokens, now=step, engine_busy=True) and new:
+            assert committed + tokens <= admission.limit_tokens
+        elif not new:
+            admission.turn_arrived(program, tokens)
+        if finishes:
+            admission.turn_finished(program, tokens, now=step)
