@@ -97,6 +97,19 @@ async def flood(engine: Engine, seed: int, requests: int = 6) -> None:
         await engine.turn(tokens(1536, seed * 100 + index), program_id=None)
 
 
+async def decode_without_program(
+    engine: Engine, max_tokens: int, seed: int, decoding: asyncio.Event
+) -> None:
+    """A request of no program that decodes `max_tokens`, setting `decoding` once it does."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0)
+    async for _ in engine.engine.generate(
+        {"prompt_token_ids": tokens(64, seed)}, params, request_id=uuid.uuid4().hex
+    ):
+        decoding.set()
+
+
 @pytest.fixture(scope="module")
 def event_loop_runner() -> Iterator[asyncio.AbstractEventLoop]:
     loop = asyncio.new_event_loop()
@@ -383,13 +396,7 @@ def test_an_earlier_programs_turn_is_admitted_past_later_programs_pins(
     early, later = f"early-{uuid.uuid4().hex[:6]}", [f"later-{index}" for index in range(2)]
 
     async def blocker(decoding: asyncio.Event) -> None:
-        from vllm import SamplingParams
-
-        params = SamplingParams(max_tokens=900, ignore_eos=True, temperature=0)
-        async for _ in pinned_engine.engine.generate(
-            {"prompt_token_ids": tokens(64, 80)}, params, request_id=uuid.uuid4().hex
-        ):
-            decoding.set()
+        await decode_without_program(pinned_engine, 900, 80, decoding)
         finish_order.append("blocker")
 
     async def scenario() -> None:
@@ -495,13 +502,7 @@ def test_program_admission_holds_a_new_program_until_a_started_one_ends(
     started, new = f"started-{uuid.uuid4().hex[:6]}", f"new-{uuid.uuid4().hex[:6]}"
 
     async def blocker(decoding: asyncio.Event) -> None:
-        from vllm import SamplingParams
-
-        params = SamplingParams(max_tokens=3000, ignore_eos=True, temperature=0)
-        async for _ in admission_engine.engine.generate(
-            {"prompt_token_ids": tokens(64, 90)}, params, request_id=uuid.uuid4().hex
-        ):
-            decoding.set()
+        await decode_without_program(admission_engine, 3000, 90, decoding)
         finish_order.append("blocker")
 
     async def new_program() -> None:
