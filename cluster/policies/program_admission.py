@@ -25,7 +25,7 @@ class ProgramAdmission:
     recently used forgotten first). A started program counts its last known
     context against `share` of the pool while a turn of it runs or waits, and
     for `return_window_s` after its last turn ended (longer, it counts as not
-    coming back). Times are seconds on any one clock."""
+    coming back). Times are seconds on one clock that does not go back."""
 
     def __init__(
         self,
@@ -38,6 +38,12 @@ class ProgramAdmission:
         self._return_window_s = return_window_s
         self._max_programs = max_programs
         self._started: OrderedDict[str, _Started] = OrderedDict()
+        # The committed total is kept as it changes: the scheduler asks for it at
+        # every step a new program waits, and started programs may number thousands.
+        self._in_flight_tokens = 0
+        self._returning: OrderedDict[str, None] = OrderedDict()
+        """Started programs with no turn in flight, by when their last turn ended."""
+        self._returning_tokens = 0
         self._held: set[str] = set()
         self.programs_held = 0
         """Programs whose first turn was held at least once."""
@@ -51,12 +57,15 @@ class ProgramAdmission:
 
     def committed_tokens(self, now: float) -> int:
         """Context tokens of the started programs that run, wait or may come back."""
-        return sum(
-            program.context_tokens
-            for program in self._started.values()
-            if program.in_flight > 0
-            or (program.last_end is not None and now - program.last_end <= self._return_window_s)
-        )
+        while self._returning:
+            program_id = next(iter(self._returning))
+            program = self._started[program_id]
+            assert program.last_end is not None
+            if now - program.last_end <= self._return_window_s:
+                break
+            del self._returning[program_id]
+            self._returning_tokens -= program.context_tokens
+        return self._in_flight_tokens + self._returning_tokens
 
     def would_admit(
         self, program_id: str, prompt_tokens: int, now: float, engine_busy: bool
@@ -82,8 +91,9 @@ class ProgramAdmission:
             return False
         self._held.discard(program_id)
         self._started[program_id] = _Started(prompt_tokens, 1, None)
+        self._in_flight_tokens += prompt_tokens
         while len(self._started) > self._max_programs:
-            self._started.popitem(last=False)
+            self._forget(next(iter(self._started)))
         return True
 
     def turn_arrived(self, program_id: str, prompt_tokens: int) -> None:
@@ -92,18 +102,40 @@ class ProgramAdmission:
         program = self._started.get(program_id)
         if program is not None:
             self._started.move_to_end(program_id)
+            self._uncount(program_id, program)
             program.in_flight += 1
             program.context_tokens = prompt_tokens
+            self._count(program_id, program)
 
     def turn_finished(self, program_id: str, context_tokens: int, now: float) -> None:
         """A turn of the program left the engine (finished or aborted)."""
         self._held.discard(program_id)
         program = self._started.get(program_id)
         if program is not None:
+            self._uncount(program_id, program)
             program.in_flight = max(0, program.in_flight - 1)
             program.last_end = now
             program.context_tokens = context_tokens
+            self._count(program_id, program)
 
     def ended(self, program_id: str) -> None:
-        self._started.pop(program_id, None)
+        if program_id in self._started:
+            self._forget(program_id)
         self._held.discard(program_id)
+
+    def _forget(self, program_id: str) -> None:
+        self._uncount(program_id, self._started.pop(program_id))
+
+    def _count(self, program_id: str, program: _Started) -> None:
+        if program.in_flight > 0:
+            self._in_flight_tokens += program.context_tokens
+        elif program.last_end is not None:
+            self._returning[program_id] = None
+            self._returning_tokens += program.context_tokens
+
+    def _uncount(self, program_id: str, program: _Started) -> None:
+        if program.in_flight > 0:
+            self._in_flight_tokens -= program.context_tokens
+        elif program_id in self._returning:
+            del self._returning[program_id]
+            self._returning_tokens -= program.context_tokens

@@ -95,3 +95,46 @@ def test_a_busy_engine_never_admits_a_new_program_past_the_budget(
             admission.turn_arrived(program, tokens)
         if finishes:
             admission.turn_finished(program, tokens, now=step)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["admit", "arrive", "finish", "end"]),
+            st.sampled_from("abcd"),
+            st.integers(1, 600),
+            st.sampled_from([0, 0, 1, 20, 40]),
+        ),
+        max_size=60,
+    )
+)
+def test_the_committed_total_sums_the_programs_that_run_wait_or_may_come_back(
+    events: list[tuple[str, str, int, int]],
+) -> None:
+    admission = ProgramAdmission(pool_tokens=10**6, share=1, return_window_s=30, max_programs=3)
+    started: dict[str, list] = {}  # context, turns in flight, last end; least recent first
+    now = 0
+    for event, program, tokens, pause in events:
+        now += pause
+        if event == "admit" and program not in started:
+            admission.admits(program, tokens, now=now, engine_busy=True)
+            started[program] = [tokens, 1, None]
+            if len(started) > 3:
+                del started[next(iter(started))]
+        elif event == "arrive" and program in started:
+            admission.turn_arrived(program, tokens)
+            _, in_flight, last_end = started.pop(program)
+            started[program] = [tokens, in_flight + 1, last_end]
+        elif event == "finish":
+            admission.turn_finished(program, tokens, now=now)
+            if program in started:
+                started[program] = [tokens, max(0, started[program][1] - 1), now]
+        elif event == "end":
+            admission.ended(program)
+            started.pop(program, None)
+        expected = sum(
+            context
+            for context, in_flight, last_end in started.values()
+            if in_flight > 0 or (last_end is not None and now - last_end <= 30)
+        )
+        assert admission.committed_tokens(now=now) == expected
