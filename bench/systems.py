@@ -56,6 +56,7 @@ _STOP_GRACE_S = 90.0
 ABLATIONS: dict[str, dict[str, Any]] = {
     "pinning": {"main.pinning.mode": "off"},
     "fcfs": {"main.pinning.program_fcfs": False},
+    "program-admission": {"main.pinning.program_admission_share": None},
     "response-cache": {"server.response_cache.enabled": False},
     "prompt-lookup": {"main.prompt_lookup.enabled": False},
     "tokenize-cache": {"main.chat.tokenize_cache.enabled": False},
@@ -86,6 +87,7 @@ LADDER_STEPS: tuple[tuple[str, dict[str, Any]], ...] = (
         {
             "main.pinning.mode": "off",
             "main.pinning.program_fcfs": False,
+            "main.pinning.program_admission_share": None,
             "main.prompt_lookup.prose_floor": 4,
             "main.prompt_lookup.max_decoders": None,
             "main.prompt_lookup.min_prose_acceptance": 0.0,
@@ -106,6 +108,7 @@ LADDER_STEPS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("+fcfs", {"main.pinning.program_fcfs": True}),
     ("+fixed-ttl", {"main.pinning.mode": "fixed", "main.pinning.fixed_ttl_s": 2.0}),
     ("+cost-ttl", {"main.pinning.mode": "cost_model"}),
+    ("+program-admission", {"main.pinning.program_admission_share": 0.5}),
 )
 
 

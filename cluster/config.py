@@ -257,7 +257,7 @@ class PinningConfig(_Strict):
         "this long at most instead of until they end. None: no limit (Continuum's order).",
     )
     program_admission_share: float | None = Field(
-        default=None,
+        default=0.5,
         gt=0,
         le=4,
         description="A program new to an engine starts its first "
@@ -265,7 +265,8 @@ class PinningConfig(_Strict):
         "there (a turn running or waiting, or back within `max_ttl_s`) fit this share "
         "of the KV pool, or the engine runs nothing; new programs start in arrival "
         "order. Without it a new program starts whenever no older program's turn "
-        "waits, and loses its KV first when their turns return. None: off.",
+        "waits, and loses its KV first when their turns return. Below one because "
+        "started contexts grow turn by turn. Applies with `program_fcfs`. None: off.",
     )
     fixed_ttl_s: float = Field(
         default=2.0,
@@ -364,7 +365,13 @@ class PinningConfig(_Strict):
 
     @property
     def enabled(self) -> bool:
-        return self.mode != "off" or self.program_fcfs or self.program_admission_share is not None
+        return self.mode != "off" or self.program_fcfs
+
+    @property
+    def admission_share(self) -> float | None:
+        """`program_admission_share` where it applies: it starts new programs in
+        arrival order, so only with program FCFS (pinning off means all of it off)."""
+        return self.program_admission_share if self.program_fcfs else None
 
 
 class PromptLookupConfig(_Strict):

@@ -179,15 +179,16 @@ def test_each_ablation_turns_off_one_mechanism_and_keeps_the_other() -> None:
     settings = _settings()
     catalog = system_catalog()
 
-    def pinning(name: str) -> tuple[str, bool, float]:
+    def pinning(name: str) -> tuple[str, bool, float, float | None]:
         raw = toolserve_config(settings, base, catalog[name].overrides, 1, 2)
         config = ToolserveConfig.model_validate(raw).main.pinning
-        return config.mode, config.program_fcfs, config.fixed_ttl_s
+        return config.mode, config.program_fcfs, config.fixed_ttl_s, config.program_admission_share
 
-    assert pinning("toolserve") == ("cost_model", True, 2.0)
+    assert pinning("toolserve") == ("cost_model", True, 2.0, 0.5)
     assert pinning("toolserve-no-pinning")[:2] == ("off", True)
     assert pinning("toolserve-no-fcfs")[:2] == ("cost_model", False)
-    assert pinning("toolserve-fixed-ttl") == ("fixed", True, 2.0)
+    assert pinning("toolserve-no-program-admission") == ("cost_model", True, 2.0, None)
+    assert pinning("toolserve-fixed-ttl") == ("fixed", True, 2.0, 0.5)
 
     def engine_mechanisms(name: str) -> tuple[bool, bool, bool]:
         raw = toolserve_config(settings, base, catalog[name].overrides, 1, 2)
@@ -207,6 +208,7 @@ def test_each_ablation_turns_off_one_mechanism_and_keeps_the_other() -> None:
     assert {f"toolserve-no-{name}" for name in ABLATIONS} == {
         "toolserve-no-pinning",
         "toolserve-no-fcfs",
+        "toolserve-no-program-admission",
         "toolserve-no-response-cache",
         "toolserve-no-prompt-lookup",
         "toolserve-no-tokenize-cache",
@@ -505,6 +507,7 @@ def test_each_ladder_rung_adds_one_mechanism_and_the_last_plus_caches_is_toolser
             "fcfs": main.pinning.program_fcfs,
             "pinning": main.pinning.mode,
             "admission": main.admission.enabled,
+            "program admission": main.pinning.program_admission_share,
             "caches": (
                 config(name).server.response_cache.enabled,
                 main.chat.tokenize_cache.enabled,
@@ -512,20 +515,21 @@ def test_each_ladder_rung_adds_one_mechanism_and_the_last_plus_caches_is_toolser
         }
 
     rungs = list(ladder_systems())
-    assert rungs[0] == "toolserve-bare" and rungs[-1].endswith("+cost-ttl")
+    assert rungs[0] == "toolserve-bare" and rungs[-1].endswith("+program-admission")
     bare = mechanisms(rungs[0])
     assert bare == {
         "gate": (4, None, 0.0, False),
         "fcfs": False,
         "pinning": "off",
         "admission": False,
+        "program admission": None,
         "caches": (False, False),
     }
     changed = [
         {key for key in bare if mechanisms(lower)[key] != mechanisms(upper)[key]}
         for lower, upper in itertools.pairwise(rungs)
     ]
-    assert changed == [{"gate"}, {"fcfs"}, {"pinning"}, {"pinning"}]
+    assert changed == [{"gate"}, {"fcfs"}, {"pinning"}, {"pinning"}, {"program admission"}]
     assert mechanisms(rungs[-1]) | {"caches": (True, True)} == mechanisms("toolserve")
     assert mechanisms("toolserve-admission") == mechanisms("toolserve") | {"admission": True}
     assert all(config(rung).main.prompt_lookup.enabled for rung in rungs)

@@ -567,7 +567,7 @@ def test_each_ladder_rung_is_compared_with_the_one_below() -> None:
     for lower, upper in itertools.pairwise(labels):
         assert (lower, upper) in pairs
     assert ("stock-vllm", "toolserve-bare") in pairs
-    assert ("toolserve-bare+gate+fcfs+fixed-ttl+cost-ttl", "toolserve") in pairs
+    assert ("toolserve-bare+gate+fcfs+fixed-ttl+cost-ttl+program-admission", "toolserve") in pairs
 
 
 def test_an_aa_run_has_one_system_as_two_arms(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from cluster.config import (
     ConfigError,
     EngineConfig,
     ModelDeploymentConfig,
+    PinningConfig,
     ToolserveConfig,
     load_config,
 )
@@ -148,7 +149,15 @@ def test_pinning_owns_the_scheduler_arguments() -> None:
 def test_embedded_default_pins_on_the_main_model_only() -> None:
     config = load_config()
     assert config.main.pinning.mode == "cost_model" and config.main.pinning.program_fcfs
+    assert config.main.pinning.admission_share == 0.5
     assert config.draft is not None and not config.draft.pinning.enabled
+    assert config.draft.pinning.admission_share is None
+
+
+def test_program_admission_applies_with_program_fcfs() -> None:
+    assert PinningConfig(program_fcfs=False, program_admission_share=0.5).admission_share is None
+    assert PinningConfig(program_admission_share=None).admission_share is None
+    assert PinningConfig(program_admission_share=1.5).admission_share == 1.5
 
 
 def test_replicas_bind_cores_by_their_node_local_rank() -> None:

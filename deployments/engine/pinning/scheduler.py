@@ -78,14 +78,15 @@ class PinningSchedulerMixin:
         )
         self._awaiting_admission: dict[str, str] = {}
         self._repriced_for: str | None = None
+        admission_share = settings.admission_share
         self._program_admission = (
             ProgramAdmission(
                 pool_tokens=self._block_pool.num_gpu_blocks * base.block_size,
-                share=settings.program_admission_share,
+                share=admission_share,
                 return_window_s=settings.max_ttl_s,
                 max_programs=settings.max_tracked_programs,
             )
-            if settings.program_admission_share is not None
+            if admission_share is not None
             else None
         )
         self._holding_new_program = False
