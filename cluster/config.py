@@ -873,6 +873,15 @@ class ServerConfig(_Strict):
         "older programs' turns run, minutes when many programs arrive at once; a limit "
         "turns that wait into failed programs.",
     )
+    stream_keep_alive_s: float | None = Field(
+        default=15,
+        gt=0,
+        description="A streamed reply that has sent nothing for this long gets an SSE "
+        "comment line (`: keep-alive`), which SSE clients skip, so a turn waiting for "
+        "its place in the engine is not dropped by the client's read timeout or a "
+        "proxy's idle timeout (often 60 s). None: nothing is sent until the first "
+        "chunk, as in vLLM's server.",
+    )
     ingress_ray_resources: dict[str, float] = Field(
         default_factory=dict,
         description="Ray custom resources the ingress replica reserves, so it goes only "

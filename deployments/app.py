@@ -254,6 +254,7 @@ def build_application(
             config.server.response_cache,
             config.main.prompt_lookup.enabled and config.main.prompt_lookup.predicted_calls,
             _wanted_replicas(config),
+            config.server.stream_keep_alive_s,
         )
     )
 

@@ -19,6 +19,7 @@ from cluster.policies.program_clock import turn_bucket
 from cluster.policies.tenancy import scoped_program_id
 from cluster.store.response_cache import StoredReply
 from cluster.store.responses import ResponseOwner
+from deployments.api.keep_alive import with_keep_alive
 from deployments.api.model_client import ReplyStream, reply_head
 from deployments.api.parsing import (
     ONESHOT_PREFIX,
@@ -209,8 +210,11 @@ class ChatRoutes(IngressState):
             ):
                 await self._keep_reply(cacheable, head.body)
             return JSONResponse(head.body, headers=headers)
+        chunks = self._relay_settling(stream, speculation, turn_ended, cacheable)
+        if self._stream_keep_alive_s is not None:
+            chunks = with_keep_alive(chunks, self._stream_keep_alive_s)
         return StreamingResponse(
-            self._relay_settling(stream, speculation, turn_ended, cacheable),
+            chunks,
             media_type="text/event-stream",
             headers=headers,
         )

@@ -72,6 +72,7 @@ class IngressState:
         response_cache: ResponseCacheConfig | None = None,
         drafts_predicted_calls: bool = False,
         wanted_replicas: dict[str, int] | None = None,
+        stream_keep_alive_s: float | None = None,
     ):
         # NOTE: request validation uses vLLM's request model; importing vLLM takes
         # seconds, so pay for it at start-up rather than on the first request.
@@ -101,6 +102,7 @@ class IngressState:
         self._drafts_predicted_calls = drafts_predicted_calls
         self._deployment_id = deployment_id
         self._wanted_replicas = wanted_replicas or {}
+        self._stream_keep_alive_s = stream_keep_alive_s
         cache_config = response_cache or ResponseCacheConfig()
         self._response_cache = (
             ResponseCache(

@@ -92,7 +92,11 @@ def cluster_config(
     )
     return config.model_copy(
         update={
-            "server": config.server.model_copy(update={"port": free_port(), "quotas": quotas}),
+            "server": config.server.model_copy(
+                # Short, so a stream's wait for its first token shows the comments and
+                # every streaming test's client reads past them.
+                update={"port": free_port(), "quotas": quotas, "stream_keep_alive_s": 0.05}
+            ),
             "ray": config.ray.model_copy(update={"metrics_export_port": free_port()}),
             "tools": config.tools.model_copy(
                 update={"hosted": [*config.tools.hosted, *extra_tools]}

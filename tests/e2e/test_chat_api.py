@@ -150,6 +150,37 @@ def test_plain_chat_streaming_matches_non_streaming(client: OpenAI, model_name: 
     assert "".join(pieces) == whole
 
 
+def test_a_stream_waiting_for_its_first_token_gets_keep_alive_comments(
+    cluster: Endpoints, cluster_config: ToolserveConfig, model_name: str
+) -> None:
+    """The shared cluster sends a comment after every `stream_keep_alive_s` of
+    silence; a prompt of about a thousand new tokens takes the engine longer than
+    that to prefill, so the comments come before the first chunk, and the chunks
+    after them are the reply."""
+    interval = cluster_config.server.stream_keep_alive_s
+    assert interval is not None and interval < 0.1
+    words = " ".join(uuid.uuid4().hex for _ in range(120))
+    request = {
+        "model": model_name,
+        "messages": [{"role": "user", "content": f"Repeat the first word of: {words}"}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "stream": True,
+    }
+    with httpx.stream(
+        "POST", f"{cluster.api_base}/chat/completions", json=request, timeout=120
+    ) as response:
+        assert response.status_code == 200
+        lines = [line for line in response.iter_lines() if line]
+    first_data = next(index for index, line in enumerate(lines) if line.startswith("data: "))
+    assert first_data > 0 and set(lines[:first_data]) == {": keep-alive"}
+    data = [line for line in lines if line.startswith("data: ")]
+    assert data[-1] == "data: [DONE]"
+    chunks = [json.loads(line.removeprefix("data: ")) for line in data[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert {line for line in lines if not line.startswith("data: ")} <= {": keep-alive"}
+
+
 def test_required_tool_call_round_trip(client: OpenAI, model_name: str) -> None:
     first = client.chat.completions.create(
         model=model_name,
