@@ -13,7 +13,7 @@ KEEP_ALIVE_COMMENT = ": keep-alive\n\n"
 
 
 async def with_keep_alive(chunks: AsyncIterator[str], interval_s: float) -> AsyncIterator[str]:
-    """`chunks`, with `KEEP_ALIVE_COMMENT` after every `interval_s` without one.
+    """`chunks`, with `KEEP_ALIVE_COMMENT` after every `interval_s` without a chunk.
     Closing this stream (a client gone) cancels the chunk awaited and closes
     `chunks`."""
     waiting: asyncio.Future[str] | None = None
