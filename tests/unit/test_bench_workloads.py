@@ -480,6 +480,10 @@ def test_programs_scales_the_arrival_rate_with_the_count() -> None:
     assert programs_update(16, 0.2, 64) == {"programs": 64, "arrival_rate_per_s": 0.8}
     assert programs_update(6, 0.5, 3) == {"programs": 3, "arrival_rate_per_s": 0.25}
     assert programs_update(16, 0.2, 16) == programs_update(16, 0.2, None) == {}
+    # The trace replay's default (24 at 0.3/s) runs the same traces at 16 and 32
+    # programs as its earlier default (16 at 0.2/s) did.
+    assert programs_update(24, 0.3, 16) == {"programs": 16, "arrival_rate_per_s": 0.2}
+    assert programs_update(24, 0.3, 32) == programs_update(16, 0.2, 32)
     with pytest.raises(ValueError, match="at least 1"):
         plan_workload("trace-replay", "quick", 0)
 
