@@ -228,13 +228,18 @@ def test_the_tool_mixes_keep_the_sources_mean_pauses() -> None:
 _KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 4
 
 
+_FINAL_CONTEXTS_OVER_POOL = {"quick": (1.2, 1.7), "default": (2.2, 3.0)}
+"""At the quick size the live contexts at any moment, fewer than all final ones,
+about fit; at the default size they outgrow the pool (1.6x at the busiest moment
+in `trace-replay-default-24-ae7f6bf`), not the 2.4x of 32 programs."""
+
+
 @pytest.mark.parametrize("size", SIZES)
 def test_the_kv_pool_is_under_pressure_without_thrashing(
     size: str, smollm2_chat: tuple[Any, str]
 ) -> None:
     """The programs' final contexts add up to more than the pool holds (pinning and
-    scheduling matter) but not to much more (the live contexts at any moment, fewer
-    than all final ones, about fit)."""
+    scheduling matter) but not to many times it."""
     tokenizer, _ = smollm2_chat
     plan = plan_workload("trace-replay", size)  # type: ignore[arg-type]
     finals = 0
@@ -243,4 +248,5 @@ def test_the_kv_pool_is_under_pressure_without_thrashing(
         finals += sum(len(tokenizer.encode(text, add_special_tokens=False)) for text in texts)
         finals += sum(shape.output_tokens for shape in program.shapes)
     pool = plan.kv_cache_mib * 2**20 // _KV_BYTES_PER_TOKEN
-    assert 1.2 < finals / pool < 1.7, (finals, pool)
+    low, high = _FINAL_CONTEXTS_OVER_POOL[size]
+    assert low < finals / pool < high, (finals, pool)
