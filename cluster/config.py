@@ -263,7 +263,9 @@ class PinningConfig(_Strict):
         description="A program new to an engine starts its first "
         "turn only while its prompt and the contexts of the programs already started "
         "there (a turn running or waiting, or back within `max_ttl_s`) fit this share "
-        "of the KV pool, or the engine runs nothing; new programs start in arrival "
+        "of the KV pool, or the engine runs nothing; a prefix the pool held already "
+        "when a program started (a preamble shared with programs before it) counts "
+        "only for the program that brought it; new programs start in arrival "
         "order. Without it a new program starts whenever no older program's turn "
         "waits, and loses its KV first when their turns return. Below one because "
         "started contexts grow turn by turn. Applies with `program_fcfs`. None: off.",

@@ -5,7 +5,13 @@ Program FCFS alone starts a new program whenever no older program's turn waits,
 typically while the older programs' tools run. When their turns come back the
 new program's KV is the first to go, and it computes its context again turn
 after turn. Holding it until the programs already started leave room for it
-trades that recomputation for a later start."""
+trades that recomputation for a later start.
+
+A prefix the pool holds already when a program starts (the instructions and
+tool schemas its agent kind shares with others) is one copy in the pool: it
+counts for the program that brought it, not again for each program that finds
+it cached. Counting it per program held agents that share a long preamble for
+a pool they fitted in."""
 
 from __future__ import annotations
 
@@ -16,16 +22,23 @@ from dataclasses import dataclass
 @dataclass
 class _Started:
     context_tokens: int
+    shared_tokens: int
+    """Of its first prompt, the tokens the pool held already when it started."""
     in_flight: int
     last_end: float | None
+
+    @property
+    def own_tokens(self) -> int:
+        return max(0, self.context_tokens - self.shared_tokens)
 
 
 class ProgramAdmission:
     """Programs started on one engine, by id (at most `max_programs`, the least
     recently used forgotten first). A started program counts its last known
-    context against `share` of the pool while a turn of it runs or waits, and
-    for `return_window_s` after its last turn ended (longer, it counts as not
-    coming back). Times are seconds on one clock that does not go back."""
+    context, less the prefix it found cached when it started, against `share` of
+    the pool while a turn of it runs or waits, and for `return_window_s` after
+    its last turn ended (longer, it counts as not coming back). Times are
+    seconds on one clock that does not go back."""
 
     def __init__(
         self,
@@ -56,7 +69,8 @@ class ProgramAdmission:
         return program_id in self._started
 
     def committed_tokens(self, now: float) -> int:
-        """Context tokens of the started programs that run, wait or may come back."""
+        """Context tokens of the started programs that run, wait or may come back,
+        less the prefixes they found cached when they started."""
         while self._returning:
             program_id = next(iter(self._returning))
             program = self._started[program_id]
@@ -64,34 +78,48 @@ class ProgramAdmission:
             if now - program.last_end <= self._return_window_s:
                 break
             del self._returning[program_id]
-            self._returning_tokens -= program.context_tokens
+            self._returning_tokens -= program.own_tokens
         return self._in_flight_tokens + self._returning_tokens
 
     def would_admit(
-        self, program_id: str, prompt_tokens: int, now: float, engine_busy: bool
+        self,
+        program_id: str,
+        prompt_tokens: int,
+        now: float,
+        engine_busy: bool,
+        cached_tokens: int = 0,
     ) -> bool:
         """Whether the program's turn may start: always for a started program or
-        an idle engine, for a new one when its prompt fits beside the committed
-        contexts."""
+        an idle engine, for a new one when its prompt, less the `cached_tokens`
+        of it the pool holds already, fits beside the committed contexts."""
         return (
             program_id in self._started
             or not engine_busy
-            or self.committed_tokens(now) + prompt_tokens <= self._limit
+            or self.committed_tokens(now) + max(0, prompt_tokens - cached_tokens)
+            <= self._limit
         )
 
-    def admits(self, program_id: str, prompt_tokens: int, now: float, engine_busy: bool) -> bool:
+    def admits(
+        self,
+        program_id: str,
+        prompt_tokens: int,
+        now: float,
+        engine_busy: bool,
+        cached_tokens: int = 0,
+    ) -> bool:
         """`would_admit`, recorded: an admitted new program counts as started from
         here on, a held one among the programs held."""
         if program_id in self._started:
             return True
-        if not self.would_admit(program_id, prompt_tokens, now, engine_busy):
+        if not self.would_admit(program_id, prompt_tokens, now, engine_busy, cached_tokens):
             if program_id not in self._held:
                 self._held.add(program_id)
                 self.programs_held += 1
             return False
         self._held.discard(program_id)
-        self._started[program_id] = _Started(prompt_tokens, 1, None)
-        self._in_flight_tokens += prompt_tokens
+        program = _Started(prompt_tokens, min(cached_tokens, prompt_tokens), 1, None)
+        self._started[program_id] = program
+        self._in_flight_tokens += program.own_tokens
         while len(self._started) > self._max_programs:
             self._forget(next(iter(self._started)))
         return True
@@ -128,14 +156,14 @@ class ProgramAdmission:
 
     def _count(self, program_id: str, program: _Started) -> None:
         if program.in_flight > 0:
-            self._in_flight_tokens += program.context_tokens
+            self._in_flight_tokens += program.own_tokens
         elif program.last_end is not None:
             self._returning[program_id] = None
-            self._returning_tokens += program.context_tokens
+            self._returning_tokens += program.own_tokens
 
     def _uncount(self, program_id: str, program: _Started) -> None:
         if program.in_flight > 0:
-            self._in_flight_tokens -= program.context_tokens
+            self._in_flight_tokens -= program.own_tokens
         elif program_id in self._returning:
             del self._returning[program_id]
-            self._returning_tokens -= program.context_tokens
+            self._returning_tokens -= program.own_tokens

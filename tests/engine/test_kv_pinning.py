@@ -532,3 +532,41 @@ def test_program_admission_holds_a_new_program_until_a_started_one_ends(
     held_before = run(event_loop_runner, scenario())
     assert finish_order == ["new", "blocker"]
     assert held_before == 0
+
+
+def test_program_admission_counts_a_shared_preamble_once(
+    admission_engine: Engine, event_loop_runner: asyncio.AbstractEventLoop
+) -> None:
+    """The new program's prompt is the started program's 1,536-token prompt and 256
+    tokens of its own: the preamble is cached, so it adds 256 tokens to the started
+    program's 1,544, which fits the 2,048 budget; it starts while the other request
+    still decodes, where a program of the same length sharing nothing is held (the
+    test above)."""
+    finish_order: list[str] = []
+    started, new = f"started-{uuid.uuid4().hex[:6]}", f"new-{uuid.uuid4().hex[:6]}"
+    preamble = tokens(1536, 95)
+
+    async def blocker(decoding: asyncio.Event) -> None:
+        await decode_without_program(admission_engine, 3000, 96, decoding)
+        finish_order.append("blocker")
+
+    async def scenario() -> int:
+        await admission_engine.turn(preamble, started)
+        await admission_engine.control("turn_ended", started, "tool")
+        decoding = asyncio.Event()
+        running = asyncio.create_task(blocker(decoding))
+        await decoding.wait()
+        held_before: int = (await admission_engine.control("stats"))["programs_held"]
+        _, cached = await admission_engine.turn(preamble + tokens(256, 97), new, max_tokens=4)
+        finish_order.append("new")
+        assert cached >= 1536
+        held_after: int = (await admission_engine.control("stats"))["programs_held"]
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        for program in (started, new):
+            await admission_engine.control("end_program", program)
+        return held_after - held_before
+
+    newly_held = run(event_loop_runner, scenario())
+    assert finish_order == ["new"]
+    assert newly_held == 0

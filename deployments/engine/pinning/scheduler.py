@@ -159,7 +159,11 @@ class PinningSchedulerMixin:
             return False
         base: Scheduler = self
         admitted = self._program_admission.admits(
-            program_id, request.num_tokens, time.time(), engine_busy=bool(base.running)
+            program_id,
+            request.num_tokens,
+            time.time(),
+            engine_busy=bool(base.running),
+            cached_tokens=self._cached_tokens(request),
         )
         self._holding_new_program = not admitted
         return admitted
@@ -176,13 +180,25 @@ class PinningSchedulerMixin:
 
     def _holds_new_program(self, request: Request) -> bool:
         base: Scheduler = self
+        admission = self._program_admission
         return (
-            self._program_admission is not None
+            admission is not None
             and bool(request.session_id)
-            and not self._program_admission.would_admit(
-                request.session_id, request.num_tokens, time.time(), bool(base.running)
+            and not admission.is_started(request.session_id)
+            and not admission.would_admit(
+                request.session_id,
+                request.num_tokens,
+                time.time(),
+                bool(base.running),
+                self._cached_tokens(request),
             )
         )
+
+    def _cached_tokens(self, request: Request) -> int:
+        """Tokens of the request's prompt the prefix cache holds now."""
+        base: Scheduler = self
+        _, cached, _ = base.kv_cache_manager.get_computed_blocks(request)
+        return int(cached)
 
     def _admit(self, head: Request, running_reserve: int, now: float) -> None:
         """Continuum's admission rule: when the head cannot get its blocks, programs
