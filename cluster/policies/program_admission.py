@@ -95,8 +95,7 @@ class ProgramAdmission:
         return (
             program_id in self._started
             or not engine_busy
-            or self.committed_tokens(now) + max(0, prompt_tokens - cached_tokens)
-            <= self._limit
+            or self.committed_tokens(now) + max(0, prompt_tokens - cached_tokens) <= self._limit
         )
 
     def admits(

@@ -111,8 +111,6 @@ def test_a_busy_engine_never_admits_a_new_program_past_the_budget(
             assert committed + max(0, tokens - cached) <= admission.limit_tokens
         elif not new:
             admission.turn_arrived(program, tokens)
-        elif not new:
-            admission.turn_arrived(program, tokens)
         if finishes:
             admission.turn_finished(program, tokens, now=step)
 
@@ -151,7 +149,7 @@ def test_the_committed_total_sums_the_programs_that_run_wait_or_may_come_back(
         elif event == "finish":
             admission.turn_finished(program, tokens, now=now)
             if program in started:
-                context, in_flight, _, shared = started[program]
+                _, in_flight, _, shared = started[program]
                 started[program] = [tokens, max(0, in_flight - 1), now, shared]
         elif event == "end":
             admission.ended(program)
